@@ -1,0 +1,60 @@
+#pragma once
+/// \file freqs.h
+/// Rotary frequencies and cos/sin tables.
+///
+///     inv_freq[i] = theta^(-2i / rotary_dim),      i in [0, rotary_dim/2)
+///     angle(p, i) = p * inv_freq[i]
+///     cos_table[p][i] = cos(angle(p, i)),  sin_table[p][i] = sin(angle(p, i))
+///
+/// Tables are half width, [max_pos, rotary_dim/2]: column i serves both elements that
+/// frequency i rotates (dims i and i + rotary_dim/2 in neox style, 2i and 2i+1 in gptj style).
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "tilerope/dtype.h"
+#include "tilerope/tensor.h"
+
+namespace tilerope {
+
+/// How angles are formed.
+enum class angle_precision {
+  /// p * inv_freq in fp64 and sin/cos in fp64 (argument reduction included), rounded once to
+  /// the table type: every position up to 2^24 keeps full fp32 accuracy (<= 0.5 ulp + 1e-9).
+  accurate,
+  /// As HF transformers does: inv_freq in fp32 (1 / fp32(theta ^ fp32(2i/d))), the angle as an
+  /// fp32 product fp32(p) * inv_freq, cos/sin of that fp32 angle, then rounded to the table
+  /// type. The fp32 angle carries an absolute error up to ulp(p * inv_freq) / 2, about
+  /// 2.4e-4 rad at p = 4096 and 3.9e-3 rad at p = 65536 for the fastest frequency.
+  hf_compat,
+};
+
+std::string_view to_string(angle_precision p);
+angle_precision angle_precision_from_string(std::string_view name);
+
+/// inv_freq[i] = theta^(-2i/rotary_dim) in fp64, i in [0, rotary_dim/2).
+/// Throws tilerope::error unless theta is finite and > 0 and rotary_dim is even and > 0.
+std::vector<double> rope_inv_freq(int rotary_dim, double theta);
+
+/// HF transformers' fp32 inv_freq: 1 / fp32(theta ^ fp32(2i / rotary_dim)), rounded to fp32.
+std::vector<float> rope_inv_freq_hf(int rotary_dim, double theta);
+
+/// A pair of half-width tables, cos and sin: each [max_pos, rotary_dim/2] of `table_type`.
+struct rope_table {
+  tensor cos;
+  tensor sin;
+};
+
+/// Builds cos/sin tables for positions [0, max_pos). `table_type` is f32 (default), f16 or
+/// bf16 (e.g. the x dtype, as HF keeps its tables). Each entry is rounded once.
+/// Throws tilerope::error for max_pos < 0, a bad rotary_dim or theta, or an integer table type.
+rope_table make_rope_table(std::int64_t max_pos, int rotary_dim, double theta,
+                           dtype table_type = dtype::f32,
+                           angle_precision precision = angle_precision::accurate);
+
+/// The same, from explicit fp64 frequencies (scaled RoPE variants build their own).
+rope_table make_rope_table(std::int64_t max_pos, const std::vector<double>& inv_freq,
+                           dtype table_type = dtype::f32);
+
+}  // namespace tilerope

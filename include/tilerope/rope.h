@@ -1,0 +1,104 @@
+#pragma once
+/// \file rope.h
+/// The production rotary position embedding: q and k rotated in one call.
+///
+/// Shapes (strides in elements; the last dim must be contiguous):
+///
+///     q : [T, Hq, D]      or [B, S, Hq, D]       f32 | f16 | bf16
+///     k : [T, Hk, D]      or [B, S, Hk, D]       same dtype as q, Hk may differ from Hq (GQA)
+///     positions : [T]     or [S] (shared by the batch) or [B, S]        i32 | i64
+///     cos, sin  : [max_pos, rotary_dim/2]         f32 | f16 | bf16 (see freqs.h)
+///
+/// The rank-4 form covers both BSHD and BHSD buffers by its strides:
+///
+///     BSHD buffer [B, S, H, D]: shape {B, S, H, D}, strides {S*H*D, H*D, D, 1}
+///     BHSD buffer [B, H, S, D]: shape {B, S, H, D}, strides {H*S*D, D, S*D, 1}
+///     THD  buffer [T, H, D]   : shape {T, H, D},    strides {H*D, D, 1}
+///
+/// For each token with position p and each head, with c_i = cos(p * inv_freq_i),
+/// s_i = sin(p * inv_freq_i), r = rotary_dim, and dims >= r passed through unchanged:
+///
+///     neox (rotate half):   y[i]     = x[i] c_i - x[i + r/2] s_i
+///                           y[i+r/2] = x[i + r/2] c_i + x[i] s_i          i < r/2
+///     gptj (adjacent pairs): y[2i]   = x[2i] c_i - x[2i+1] s_i
+///                           y[2i+1]  = x[2i+1] c_i + x[2i] s_i           i < r/2
+///
+/// `backward` applies the inverse rotation (s_i -> -s_i): the gradient w.r.t. x of the forward.
+/// All arithmetic is fp32; f16 / bf16 are converted at load and rounded once at store.
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "tilerope/freqs.h"
+#include "tilerope/tensor.h"
+
+namespace tilerope {
+
+/// Which elements a frequency rotates together.
+enum class rope_style {
+  neox,  ///< halves: (x[i], x[i + r/2]), "rotate_half" (Llama, Qwen, Mistral, HF default)
+  gptj,  ///< adjacent pairs: (x[2i], x[2i+1]), interleaved (GPT-J, ChatGLM, Llama's Meta code)
+};
+
+std::string_view to_string(rope_style s);
+/// "neox" or "gptj"; anything else throws tilerope::error.
+rope_style rope_style_from_string(std::string_view name);
+
+/// Where the position of each token comes from.
+struct rope_positions {
+  enum class source { ids, offset };
+  source from = source::offset;
+  tensor_view ids;         ///< i32 | i64: [T] for rank-3 x, [S] or [B, S] for rank-4 x
+  std::int64_t start = 0;  ///< offset: token t (rank 3) or s (rank 4) has position start + t
+
+  /// Position ids per token.
+  static rope_positions from_ids(const tensor_view& ids);
+  /// Consecutive positions start, start + 1, ... (decode at a KV-cache offset).
+  static rope_positions from_offset(std::int64_t start);
+};
+
+/// Where cos/sin come from.
+struct rope_angles {
+  enum class source { table, inv_freq };
+  source from = source::inv_freq;
+  tensor_view cos;               ///< table: [max_pos, rotary_dim/2], f32 | f16 | bf16
+  tensor_view sin;               ///< table: same shape and dtype as cos
+  std::vector<double> inv_freq;  ///< computed: rotary_dim/2 frequencies
+  angle_precision precision = angle_precision::accurate;
+
+  /// Rows of precomputed tables, looked up by position (see make_rope_table).
+  static rope_angles from_table(const tensor_view& cos, const tensor_view& sin);
+  /// cos/sin computed per token from inv_freq = theta^(-2i/rotary_dim). The frequencies are
+  /// derived from rotary_dim at the call. Throws for a non-finite theta or theta <= 0.
+  static rope_angles from_theta(double theta,
+                                angle_precision precision = angle_precision::accurate);
+  /// cos/sin computed per token from explicit frequencies (rotary_dim/2 of them).
+  static rope_angles from_inv_freq(std::vector<double> inv_freq,
+                                   angle_precision precision = angle_precision::accurate);
+
+  double theta = 0;  ///< set by from_theta; 0 otherwise
+};
+
+/// The tensors of one call. Absent outputs mean in place. An output may be exactly its input
+/// (same pointer, shape and strides); any other overlap with an input is an error.
+struct rope_tensors {
+  tensor_view q;
+  std::optional<tensor_view> k;
+  std::optional<tensor_view> q_out;
+  std::optional<tensor_view> k_out;
+};
+
+struct rope_options {
+  int rotary_dim = 0;     ///< dims rotated, even, <= head_dim; 0 means head_dim
+  bool backward = false;  ///< apply the inverse rotation (gradient w.r.t. x)
+};
+
+/// Rotates q (and k) by their positions. Every argument is validated first; a
+/// tilerope::error naming the argument and values is thrown before any output is written.
+/// T = 0 (or B = 0 or S = 0) is a valid no-op.
+void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& positions,
+                const rope_angles& angles, const rope_options& options = {});
+
+}  // namespace tilerope

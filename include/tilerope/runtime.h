@@ -1,0 +1,33 @@
+#pragma once
+/// \file runtime.h
+/// Threads and SIMD target selection for the CPU kernels.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tilerope {
+
+/// Threads used by the CPU kernels for problems large enough to share (small problems such
+/// as single-token decode always run on the calling thread). The default is the
+/// TILEROPE_NUM_THREADS environment variable if set, otherwise OpenMP's default.
+/// n <= 0 throws tilerope::error.
+void set_num_threads(int n);
+int num_threads();
+
+/// SIMD targets compiled into this library, by tilerope's names ("scalar", "sse4", "avx2",
+/// "avx512", ...), best last.
+std::vector<std::string> compiled_cpu_targets();
+/// Targets this CPU can run, among the compiled ones.
+std::vector<std::string> supported_cpu_targets();
+/// Forces the kernels onto one target: "scalar", "sse4", "avx2", "avx512" (or "best" to undo).
+/// An unknown name, or one this CPU or build cannot run, throws tilerope::error. The
+/// TILEROPE_CPU_TARGET environment variable does the same at the first kernel call.
+void set_cpu_target(std::string_view name);
+/// The target the kernels run on now.
+std::string cpu_target();
+
+/// "0.1.0".
+std::string_view version();
+
+}  // namespace tilerope

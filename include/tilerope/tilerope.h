@@ -1,0 +1,10 @@
+#pragma once
+/// \file tilerope.h
+/// Everything public in one include.
+
+#include "tilerope/dtype.h"
+#include "tilerope/error.h"
+#include "tilerope/freqs.h"
+#include "tilerope/rope.h"
+#include "tilerope/runtime.h"
+#include "tilerope/tensor.h"

@@ -1,0 +1,113 @@
+#include "tilerope/freqs.h"
+
+#include <cmath>
+#include <string>
+
+#include "tilerope/error.h"
+
+namespace tilerope {
+
+std::string_view to_string(angle_precision p) {
+  return p == angle_precision::accurate ? "accurate" : "hf_compat";
+}
+
+angle_precision angle_precision_from_string(std::string_view name) {
+  if (name == "accurate") return angle_precision::accurate;
+  if (name == "hf_compat") return angle_precision::hf_compat;
+  throw error("angle precision '" + std::string(name) + "' is not one of accurate, hf_compat");
+}
+
+namespace {
+void check_theta_and_dim(int rotary_dim, double theta) {
+  if (!std::isfinite(theta) || !(theta > 0)) {
+    throw error("theta (" + std::to_string(theta) + ") must be finite and > 0");
+  }
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0) {
+    throw error("rotary_dim (" + std::to_string(rotary_dim) + ") must be even and > 0");
+  }
+}
+
+void check_table_type(dtype t) {
+  if (!is_floating(t)) {
+    throw error("table dtype (" + std::string(to_string(t)) + ") must be f32, f16 or bf16");
+  }
+}
+
+void check_max_pos(std::int64_t max_pos) {
+  if (max_pos < 0) throw error("max_pos (" + std::to_string(max_pos) + ") must be >= 0");
+}
+
+// Fills rows [0, max_pos) of both tables; angle(p, i) gives (cos, sin) as fp64.
+template <class AngleFn>
+rope_table fill_table(std::int64_t max_pos, std::int64_t half, dtype table_type, AngleFn angle) {
+  rope_table t{tensor(table_type, {max_pos, half}), tensor(table_type, {max_pos, half})};
+  void* c = t.cos.data();
+  void* s = t.sin.data();
+#pragma omp parallel for schedule(static) if (max_pos * half > 65536)
+  for (std::int64_t p = 0; p < max_pos; ++p) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      const auto [cv, sv] = angle(p, i);
+      const auto at = static_cast<std::size_t>(p * half + i);
+      store_from_f64(c, table_type, at, cv);
+      store_from_f64(s, table_type, at, sv);
+    }
+  }
+  return t;
+}
+}  // namespace
+
+std::vector<double> rope_inv_freq(int rotary_dim, double theta) {
+  check_theta_and_dim(rotary_dim, theta);
+  std::vector<double> f(static_cast<std::size_t>(rotary_dim / 2));
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / rotary_dim);
+  }
+  return f;
+}
+
+std::vector<float> rope_inv_freq_hf(int rotary_dim, double theta) {
+  check_theta_and_dim(rotary_dim, theta);
+  std::vector<float> f(static_cast<std::size_t>(rotary_dim / 2));
+  const float base = static_cast<float>(theta);
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    // fp32 at every step, as torch evaluates 1.0 / (base ** (arange(0, d, 2).float() / d)).
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    const float power = static_cast<float>(std::pow(static_cast<double>(base), exponent));
+    f[i] = 1.0f / power;
+  }
+  return f;
+}
+
+rope_table make_rope_table(std::int64_t max_pos, int rotary_dim, double theta, dtype table_type,
+                           angle_precision precision) {
+  check_theta_and_dim(rotary_dim, theta);
+  check_table_type(table_type);
+  check_max_pos(max_pos);
+  if (precision == angle_precision::accurate) {
+    return make_rope_table(max_pos, rope_inv_freq(rotary_dim, theta), table_type);
+  }
+  const std::vector<float> inv = rope_inv_freq_hf(rotary_dim, theta);
+  return fill_table(max_pos, static_cast<std::int64_t>(inv.size()), table_type,
+                    [&](std::int64_t p, std::int64_t i) {
+                      const float angle = static_cast<float>(p) * inv[static_cast<std::size_t>(i)];
+                      // cos/sin of the fp32 angle rounded to fp32, then (by the caller's
+                      // store) to the table type: the two roundings HF performs.
+                      const double a = angle;
+                      return std::pair<double, double>{static_cast<float>(std::cos(a)),
+                                                       static_cast<float>(std::sin(a))};
+                    });
+}
+
+rope_table make_rope_table(std::int64_t max_pos, const std::vector<double>& inv_freq,
+                           dtype table_type) {
+  check_table_type(table_type);
+  check_max_pos(max_pos);
+  if (inv_freq.empty()) throw error("inv_freq must not be empty");
+  return fill_table(max_pos, static_cast<std::int64_t>(inv_freq.size()), table_type,
+                    [&](std::int64_t p, std::int64_t i) {
+                      const double a = static_cast<double>(p) * inv_freq[static_cast<std::size_t>(i)];
+                      return std::pair<double, double>{std::cos(a), std::sin(a)};
+                    });
+}
+
+}  // namespace tilerope

@@ -1,0 +1,360 @@
+// rope_apply: validation at the boundary, then the CPU plan. Nothing is written until every
+// argument has been checked.
+
+#include "tilerope/rope.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/overlap.h"
+#include "cpu/rope_plan.h"
+#include "tilerope/error.h"
+
+namespace tilerope {
+
+std::string_view to_string(rope_style s) { return s == rope_style::neox ? "neox" : "gptj"; }
+
+rope_style rope_style_from_string(std::string_view name) {
+  if (name == "neox") return rope_style::neox;
+  if (name == "gptj") return rope_style::gptj;
+  throw error("style '" + std::string(name) + "' is not one of neox, gptj");
+}
+
+rope_positions rope_positions::from_ids(const tensor_view& ids) {
+  rope_positions p;
+  p.from = source::ids;
+  p.ids = ids;
+  return p;
+}
+
+rope_positions rope_positions::from_offset(std::int64_t start) {
+  rope_positions p;
+  p.from = source::offset;
+  p.start = start;
+  return p;
+}
+
+rope_angles rope_angles::from_table(const tensor_view& cos, const tensor_view& sin) {
+  rope_angles a;
+  a.from = source::table;
+  a.cos = cos;
+  a.sin = sin;
+  return a;
+}
+
+rope_angles rope_angles::from_theta(double theta, angle_precision precision) {
+  if (!std::isfinite(theta) || !(theta > 0)) {
+    throw error("theta (" + std::to_string(theta) + ") must be finite and > 0");
+  }
+  rope_angles a;
+  a.from = source::inv_freq;
+  a.theta = theta;
+  a.precision = precision;
+  return a;
+}
+
+rope_angles rope_angles::from_inv_freq(std::vector<double> inv_freq, angle_precision precision) {
+  rope_angles a;
+  a.from = source::inv_freq;
+  a.inv_freq = std::move(inv_freq);
+  a.precision = precision;
+  return a;
+}
+
+namespace {
+
+std::string num(std::int64_t v) { return std::to_string(v); }
+
+std::string describe(const char* name, const tensor_view& v) {
+  return std::string(name) + " " + v.shape_string();
+}
+
+void check_data(const char* name, const tensor_view& v) {
+  if (v.data == nullptr && v.numel() > 0) {
+    throw error(std::string(name) + " has null data but shape " + v.shape_string());
+  }
+}
+
+void check_last_contiguous(const char* name, const tensor_view& v) {
+  if (v.rank > 0 && v.shape[v.rank - 1] > 1 && v.strides[v.rank - 1] != 1) {
+    throw error(std::string(name) + " last dim must be contiguous (stride 1), got strides " +
+                v.strides_string());
+  }
+}
+
+// q or k (or an output of the same shape): rank 3 [T, H, D] or rank 4 [B, S, H, D].
+void check_x(const char* name, const tensor_view& v) {
+  if (v.rank != 3 && v.rank != 4) {
+    throw error(std::string(name) + " must have rank 3 [T, H, D] or 4 [B, S, H, D], got rank " +
+                num(v.rank) + " " + v.shape_string());
+  }
+  if (!is_floating(v.type)) {
+    throw error(std::string(name) + " dtype (" + std::string(to_string(v.type)) +
+                ") must be f32, f16 or bf16");
+  }
+  check_last_contiguous(name, v);
+  check_data(name, v);
+}
+
+void check_same_dtype(const char* name, const tensor_view& v, const tensor_view& q) {
+  if (v.type != q.type) {
+    throw error(std::string(name) + " dtype (" + std::string(to_string(v.type)) +
+                ") must match q dtype (" + std::string(to_string(q.type)) + ")");
+  }
+}
+
+void check_same_shape(const char* name, const tensor_view& v, const char* of,
+                      const tensor_view& x) {
+  bool same = v.rank == x.rank;
+  for (int i = 0; same && i < v.rank; ++i) same = v.shape[i] == x.shape[i];
+  if (!same) {
+    throw error(std::string(name) + " shape " + v.shape_string() + " must equal " + of +
+                " shape " + x.shape_string());
+  }
+}
+
+void check_k(const tensor_view& k, const tensor_view& q) {
+  check_x("k", k);
+  check_same_dtype("k", k, q);
+  if (k.rank != q.rank) {
+    throw error("k rank (" + num(k.rank) + ") " + k.shape_string() + " must equal q rank (" +
+                num(q.rank) + ") " + q.shape_string());
+  }
+  for (int i = 0; i + 2 < q.rank; ++i) {
+    if (k.shape[i] != q.shape[i]) {
+      throw error("k token dims " + k.shape_string() + " must match q " + q.shape_string() +
+                  " in every dim but heads");
+    }
+  }
+  if (k.shape[k.rank - 1] != q.shape[q.rank - 1]) {
+    throw error("k head_dim (" + num(k.shape[k.rank - 1]) + ") must equal q head_dim (" +
+                num(q.shape[q.rank - 1]) + ")");
+  }
+}
+
+struct token_dims {
+  std::int64_t batch, seq;
+};
+
+// Checks positions and returns the largest position used (-1 when there are no tokens).
+std::int64_t check_positions(const rope_positions& p, const tensor_view& q, token_dims t) {
+  if (p.from == rope_positions::source::offset) {
+    if (p.start < 0) throw error("position offset (" + num(p.start) + ") must be >= 0");
+    return t.seq > 0 && t.batch > 0 ? p.start + t.seq - 1 : -1;
+  }
+  const tensor_view& ids = p.ids;
+  if (ids.type != dtype::i32 && ids.type != dtype::i64) {
+    throw error("positions dtype (" + std::string(to_string(ids.type)) + ") must be i32 or i64");
+  }
+  const bool rank4 = q.rank == 4;
+  const bool shape_ok =
+      (ids.rank == 1 && ids.shape[0] == t.seq) ||
+      (rank4 && ids.rank == 2 && ids.shape[0] == t.batch && ids.shape[1] == t.seq);
+  if (!shape_ok) {
+    const std::string want = rank4 ? "[" + num(t.seq) + "] or [" + num(t.batch) + ", " +
+                                         num(t.seq) + "]"
+                                   : "[" + num(t.seq) + "]";
+    throw error("positions shape " + ids.shape_string() + " must be " + want + " for q " +
+                q.shape_string() + (rank4 ? "" : " (one position per token, T = " + num(t.seq) + ")"));
+  }
+  check_last_contiguous("positions", ids);
+  check_data("positions", ids);
+  std::int64_t largest = -1;
+  const std::int64_t rows = ids.rank == 2 ? ids.shape[0] : 1;
+  const std::int64_t row_stride = ids.rank == 2 ? ids.strides[0] : 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t s = 0; s < t.seq; ++s) {
+      const std::int64_t at = r * row_stride + s;
+      const std::int64_t v = ids.type == dtype::i32 ? static_cast<const std::int32_t*>(ids.data)[at]
+                                                    : static_cast<const std::int64_t*>(ids.data)[at];
+      if (v < 0) {
+        throw error("positions[" + (ids.rank == 2 ? num(r) + ", " : "") + num(s) + "] (" +
+                    num(v) + ") must be >= 0");
+      }
+      largest = std::max(largest, v);
+    }
+  }
+  return largest;
+}
+
+void check_table(const rope_angles& a, std::int64_t half) {
+  for (const auto& [name, t] : {std::pair<const char*, const tensor_view&>{"cos", a.cos},
+                                std::pair<const char*, const tensor_view&>{"sin", a.sin}}) {
+    if (t.rank != 2) {
+      throw error(std::string(name) + " table must have rank 2 [max_pos, rotary_dim/2], got " +
+                  t.shape_string());
+    }
+    if (!is_floating(t.type)) {
+      throw error(std::string(name) + " table dtype (" + std::string(to_string(t.type)) +
+                  ") must be f32, f16 or bf16");
+    }
+    if (t.shape[1] != half) {
+      throw error(std::string(name) + " table width (" + num(t.shape[1]) +
+                  ") must be rotary_dim/2 (" + num(half) + ")");
+    }
+    check_last_contiguous(name, t);
+    check_data(name, t);
+  }
+  if (a.sin.type != a.cos.type || a.sin.shape[0] != a.cos.shape[0] ||
+      a.sin.strides[0] != a.cos.strides[0]) {
+    throw error("sin table " + a.sin.shape_string() + " " + std::string(to_string(a.sin.type)) +
+                " strides " + a.sin.strides_string() + " must match cos table " +
+                a.cos.shape_string() + " " + std::string(to_string(a.cos.type)) + " strides " +
+                a.cos.strides_string());
+  }
+}
+
+struct named_view {
+  const char* name;
+  const tensor_view* view;
+};
+
+void check_overlaps(const rope_tensors& x, const rope_positions& p, const rope_angles& a) {
+  const tensor_view& q_w = x.q_out ? *x.q_out : x.q;
+  const tensor_view* k_w = x.k ? (x.k_out ? &*x.k_out : &*x.k) : nullptr;
+  std::vector<named_view> written = {{x.q_out ? "q_out" : "q (in place)", &q_w}};
+  if (k_w) written.push_back({x.k_out ? "k_out" : "k (in place)", k_w});
+  std::vector<named_view> read = {{"q", &x.q}};
+  if (x.k) read.push_back({"k", &*x.k});
+  if (p.from == rope_positions::source::ids) read.push_back({"positions", &p.ids});
+  if (a.from == rope_angles::source::table) {
+    read.push_back({"cos", &a.cos});
+    read.push_back({"sin", &a.sin});
+  }
+  for (const auto& w : written) {
+    if (detail::view_overlaps_itself(*w.view)) {
+      throw error(std::string(w.name) + " " + w.view->shape_string() + " with strides " +
+                  w.view->strides_string() + " addresses some elements more than once");
+    }
+  }
+  for (std::size_t i = 0; i < written.size(); ++i) {
+    const auto& w = written[i];
+    const tensor_view& own_input = i == 0 ? x.q : *x.k;
+    for (const auto& r : read) {
+      if (r.view == &own_input && detail::same_view(*w.view, own_input)) continue;
+      if (detail::views_share_memory(*w.view, *r.view)) {
+        throw error(describe(w.name, *w.view) + " overlaps " + describe(r.name, *r.view) +
+                    "; an output may only be exactly its own input (in place)");
+      }
+    }
+  }
+  if (written.size() == 2 && detail::views_share_memory(*written[0].view, *written[1].view)) {
+    throw error(describe(written[0].name, *written[0].view) + " overlaps " +
+                describe(written[1].name, *written[1].view));
+  }
+}
+
+void set_block(detail::head_block& b, const tensor_view& in, const tensor_view& out) {
+  const bool r4 = in.rank == 4;
+  b.in = in.data;
+  b.out = out.data;
+  b.heads = in.shape[in.rank - 2];
+  b.in_b = r4 ? in.strides[0] : 0;
+  b.in_s = in.strides[r4 ? 1 : 0];
+  b.in_h = in.strides[in.rank - 2];
+  b.out_b = r4 ? out.strides[0] : 0;
+  b.out_s = out.strides[r4 ? 1 : 0];
+  b.out_h = out.strides[out.rank - 2];
+}
+
+}  // namespace
+
+void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& positions,
+                const rope_angles& angles, const rope_options& options) {
+  if (style != rope_style::neox && style != rope_style::gptj) {
+    throw error("style (" + num(static_cast<int>(style)) + ") is not a rope_style");
+  }
+  const tensor_view& q = x.q;
+  check_x("q", q);
+  if (x.k) check_k(*x.k, q);
+  if (x.k_out && !x.k) throw error("k_out is given but k is not");
+  if (x.q_out) {
+    check_x("q_out", *x.q_out);
+    check_same_dtype("q_out", *x.q_out, q);
+    check_same_shape("q_out", *x.q_out, "q", q);
+  }
+  if (x.k_out) {
+    check_x("k_out", *x.k_out);
+    check_same_dtype("k_out", *x.k_out, q);
+    check_same_shape("k_out", *x.k_out, "k", *x.k);
+  }
+  const std::int64_t head_dim = q.shape[q.rank - 1];
+  const std::int64_t rotary_dim = options.rotary_dim == 0 ? head_dim : options.rotary_dim;
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim) {
+    throw error("rotary_dim (" + num(rotary_dim) + ") must be even, > 0 and <= head_dim (" +
+                num(head_dim) + ")");
+  }
+  const std::int64_t half = rotary_dim / 2;
+  const token_dims t = q.rank == 4 ? token_dims{q.shape[0], q.shape[1]} : token_dims{1, q.shape[0]};
+  const std::int64_t largest = check_positions(positions, q, t);
+
+  detail::rope_plan plan;
+  std::vector<double> inv_freq;
+  std::vector<float> inv_freq_f32;
+  if (angles.from == rope_angles::source::table) {
+    check_table(angles, half);
+    const std::int64_t max_pos = angles.cos.shape[0];
+    if (largest >= max_pos) {
+      throw error("position " + num(largest) + " is outside the cos/sin table of " +
+                  num(max_pos) + " rows [0, " + num(max_pos) + ")");
+    }
+    plan.cos = angles.cos.data;
+    plan.sin = angles.sin.data;
+    plan.table_type = angles.cos.type;
+    plan.table_row = angles.cos.strides[0];
+  } else {
+    if (angles.precision != angle_precision::accurate &&
+        angles.precision != angle_precision::hf_compat) {
+      throw error("angle precision (" + num(static_cast<int>(angles.precision)) +
+                  ") is not an angle_precision");
+    }
+    if (angles.theta != 0) {
+      inv_freq = rope_inv_freq(static_cast<int>(rotary_dim), angles.theta);
+      if (angles.precision == angle_precision::hf_compat) {
+        inv_freq_f32 = rope_inv_freq_hf(static_cast<int>(rotary_dim), angles.theta);
+      }
+    } else {
+      if (static_cast<std::int64_t>(angles.inv_freq.size()) != half) {
+        throw error("inv_freq has " + num(static_cast<std::int64_t>(angles.inv_freq.size())) +
+                    " entries; rotary_dim/2 (" + num(half) + ") are needed");
+      }
+      for (std::size_t i = 0; i < angles.inv_freq.size(); ++i) {
+        if (!std::isfinite(angles.inv_freq[i])) {
+          throw error("inv_freq[" + num(static_cast<std::int64_t>(i)) + "] (" +
+                      std::to_string(angles.inv_freq[i]) + ") must be finite");
+        }
+      }
+      inv_freq = angles.inv_freq;
+      for (double f : inv_freq) inv_freq_f32.push_back(static_cast<float>(f));
+    }
+    plan.inv_freq = inv_freq.data();
+    plan.inv_freq_f32 = inv_freq_f32.data();
+    plan.precision = angles.precision;
+  }
+  check_overlaps(x, positions, angles);
+
+  plan.style = style;
+  plan.backward = options.backward;
+  plan.x_type = q.type;
+  plan.batch = t.batch;
+  plan.seq = t.seq;
+  plan.head_dim = head_dim;
+  plan.rotary_dim = rotary_dim;
+  set_block(plan.blocks[0], q, x.q_out ? *x.q_out : q);
+  plan.num_blocks = 1;
+  if (x.k) {
+    set_block(plan.blocks[1], *x.k, x.k_out ? *x.k_out : *x.k);
+    plan.num_blocks = 2;
+  }
+  if (positions.from == rope_positions::source::ids) {
+    plan.ids = positions.ids.data;
+    plan.ids_type = positions.ids.type;
+    plan.ids_b = positions.ids.rank == 2 ? positions.ids.strides[0] : 0;
+    plan.ids_s = 1;
+  } else {
+    plan.start = positions.start;
+  }
+  detail::run_rope_cpu(plan);
+}
+
+}  // namespace tilerope

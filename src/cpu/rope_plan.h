@@ -1,0 +1,57 @@
+#pragma once
+// The validated, resolved form of one rope_apply call, as the CPU kernels consume it.
+
+#include <cstdint>
+
+#include "tilerope/dtype.h"
+#include "tilerope/freqs.h"
+#include "tilerope/rope.h"
+
+namespace tilerope::detail {
+
+// q or k: heads rows of head_dim elements per token, addressed as b * b_stride + s * s_stride
+// + h * h_stride (elements).
+struct head_block {
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::int64_t heads = 0;
+  std::int64_t in_b = 0, in_s = 0, in_h = 0;
+  std::int64_t out_b = 0, out_s = 0, out_h = 0;
+};
+
+struct rope_plan {
+  rope_style style = rope_style::neox;
+  bool backward = false;
+  dtype x_type = dtype::f32;
+  std::int64_t batch = 0, seq = 0;  // tokens = batch * seq
+  std::int64_t head_dim = 0, rotary_dim = 0;
+  head_block blocks[2];
+  int num_blocks = 0;
+
+  // positions: ids[b * ids_b + s * ids_s] (ids_b = 0 when shared by the batch), else start + s
+  const void* ids = nullptr;
+  dtype ids_type = dtype::i64;
+  std::int64_t ids_b = 0, ids_s = 0;
+  std::int64_t start = 0;
+
+  // angles: table rows cos[p * table_row], or computed from inv_freq
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  dtype table_type = dtype::f32;
+  std::int64_t table_row = 0;
+  const double* inv_freq = nullptr;      // accurate
+  const float* inv_freq_f32 = nullptr;   // hf_compat
+  angle_precision precision = angle_precision::accurate;
+
+  std::int64_t tokens() const { return batch * seq; }
+};
+
+// Runs the plan on the CPU: threads split the tokens; small problems stay on this thread.
+void run_rope_cpu(const rope_plan& plan);
+
+// Per-target entry points (rope_kernels.cc).
+void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last);
+void convert_f32_to_16(dtype to, const float* in, std::uint16_t* out, std::int64_t n);
+void convert_16_to_f32(dtype from, const std::uint16_t* in, float* out, std::int64_t n);
+
+}  // namespace tilerope::detail

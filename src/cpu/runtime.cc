@@ -1,0 +1,169 @@
+#include "tilerope/runtime.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "cpu/rope_plan.h"
+#include "hwy/targets.h"
+#include "tilerope/error.h"
+
+namespace tilerope {
+
+namespace {
+
+struct named_target {
+  const char* name;
+  std::int64_t mask;  // Highway targets this name stands for; the best supported one is used
+};
+
+constexpr named_target target_names[] = {
+    {"scalar", HWY_EMU128 | HWY_SCALAR},
+    {"ssse3", HWY_SSSE3},
+    {"sse4", HWY_SSE4},
+    {"avx2", HWY_AVX2},
+    {"avx512", HWY_AVX3 | HWY_AVX3_DL},
+    {"neon", HWY_NEON},
+    {"sve", HWY_SVE},
+    {"sve2", HWY_SVE2},
+};
+
+std::string name_of(std::int64_t target) {
+  for (const auto& t : target_names) {
+    if (t.mask & target) return t.name;
+  }
+  return hwy::TargetName(target);
+}
+
+std::vector<std::string> names_of(std::int64_t targets) {
+  std::vector<std::string> out;
+  for (const auto& t : target_names) {
+    if (t.mask & targets) out.emplace_back(t.name);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+std::atomic<int> thread_count{0};  // 0: not yet resolved
+std::once_flag env_target_once;
+
+int default_threads() {
+  if (const char* env = std::getenv("TILEROPE_NUM_THREADS"); env && *env) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (*end != '\0' || n <= 0 || n > 4096) {
+      throw error("TILEROPE_NUM_THREADS ('" + std::string(env) + "') must be a positive integer");
+    }
+    return static_cast<int>(n);
+  }
+  return std::max(1, omp_get_max_threads());
+}
+
+void apply_env_target() {
+  std::call_once(env_target_once, [] {
+    if (const char* env = std::getenv("TILEROPE_CPU_TARGET"); env && *env) set_cpu_target(env);
+  });
+}
+
+}  // namespace
+
+void set_num_threads(int n) {
+  if (n <= 0) throw error("num_threads (" + std::to_string(n) + ") must be > 0");
+  thread_count = n;
+}
+
+int num_threads() {
+  int n = thread_count.load();
+  if (n == 0) {
+    n = default_threads();
+    thread_count = n;
+  }
+  return n;
+}
+
+std::vector<std::string> compiled_cpu_targets() {
+  auto v = names_of(HWY_TARGETS);
+  return v;
+}
+
+std::vector<std::string> supported_cpu_targets() {
+  // SupportedTargets() honours a forced target; ask for the CPU's own set.
+  return names_of(HWY_TARGETS & hwy::SupportedTargets());
+}
+
+void set_cpu_target(std::string_view name) {
+  // Mark the environment as read: an explicit call wins over TILEROPE_CPU_TARGET.
+  std::call_once(env_target_once, [] {});
+  if (name == "best") {
+    hwy::SetSupportedTargetsForTest(0);
+    return;
+  }
+  const named_target* found = nullptr;
+  for (const auto& t : target_names) {
+    if (name == t.name) found = &t;
+  }
+  std::vector<std::string> known;
+  for (const auto& t : target_names) known.emplace_back(t.name);
+  if (found == nullptr) {
+    throw error("cpu target '" + std::string(name) + "' is unknown; known targets: " +
+                join(known) + ", best");
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  const std::int64_t available = hwy::SupportedTargets() & HWY_TARGETS;
+  const std::int64_t chosen = found->mask & available;
+  if (chosen == 0) {
+    throw error("cpu target '" + std::string(name) +
+                "' is not available on this CPU and build; available: " +
+                join(names_of(available)));
+  }
+  // Keep only the best of the named set (e.g. AVX3_DL over AVX3): targets are bits, best lowest.
+  hwy::SetSupportedTargetsForTest(chosen & -chosen);
+}
+
+std::string cpu_target() {
+  apply_env_target();
+  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return name_of(targets & -targets);
+}
+
+std::string_view version() { return "0.1.0"; }
+
+namespace detail {
+
+// Below this many elements of q and k a call runs on the calling thread: waking a team
+// costs more than the work (a decode step is a few thousand elements).
+constexpr std::int64_t min_parallel_elements = 1 << 16;
+
+void run_rope_cpu(const rope_plan& plan) {
+  apply_env_target();
+  const std::int64_t tokens = plan.tokens();
+  if (tokens == 0) return;
+  std::int64_t heads = 0;
+  for (int k = 0; k < plan.num_blocks; ++k) heads += plan.blocks[k].heads;
+  const std::int64_t elements = tokens * heads * plan.head_dim;
+  const int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), tokens));
+  if (threads <= 1 || elements < min_parallel_elements) {
+    rope_tokens(plan, 0, tokens);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int n = omp_get_num_threads();
+    const int id = omp_get_thread_num();
+    const std::int64_t first = tokens * id / n;
+    const std::int64_t last = tokens * (id + 1) / n;
+    rope_tokens(plan, first, last);
+  }
+}
+
+}  // namespace detail
+}  // namespace tilerope

@@ -1,0 +1,114 @@
+#include "golden/golden.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace tilerope::golden {
+
+std::vector<double> inv_freq(std::int64_t rotary_dim, double theta) {
+  std::vector<double> f;
+  for (std::int64_t i = 0; i < rotary_dim; i += 2) {
+    f.push_back(1.0 / std::pow(theta, static_cast<double>(i) / static_cast<double>(rotary_dim)));
+  }
+  return f;
+}
+
+void angles(const std::vector<double>& inv_freq, const std::vector<std::int64_t>& positions,
+            std::vector<double>& cos, std::vector<double>& sin) {
+  const std::size_t half = inv_freq.size();
+  cos.assign(positions.size() * half, 0.0);
+  sin.assign(positions.size() * half, 0.0);
+  for (std::size_t t = 0; t < positions.size(); ++t) {
+    for (std::size_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(positions[t]) * inv_freq[i];
+      cos[t * half + i] = std::cos(a);
+      sin[t * half + i] = std::sin(a);
+    }
+  }
+}
+
+double round_to(dtype t, double v) {
+  if (t == dtype::f16) return static_cast<double>(static_cast<_Float16>(v));
+  if (t == dtype::bf16) {
+    // Scale to an integer count of bf16 steps in v's binade and round that, ties to even.
+    if (v == 0 || !std::isfinite(v)) return v;
+    int e = 0;
+    std::frexp(v, &e);                    // |v| in [2^(e-1), 2^e)
+    const double step = std::ldexp(1.0, std::max(e - 8, -133));  // 8 significant bits
+    const double r = std::nearbyint(v / step) * step;   // default mode: ties to even
+    return std::fabs(r) >= 0x1p128 ? std::copysign(INFINITY, v) : r;
+  }
+  if (t == dtype::f32) return static_cast<double>(static_cast<float>(v));
+  return v;
+}
+
+void angles_hf(std::int64_t rotary_dim, double theta, const std::vector<std::int64_t>& positions,
+               dtype round, std::vector<double>& cos, std::vector<double>& sin) {
+  const auto half = static_cast<std::size_t>(rotary_dim / 2);
+  std::vector<float> inv(half);
+  for (std::size_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+    inv[i] = 1.0f / static_cast<float>(std::pow(static_cast<double>(static_cast<float>(theta)), e));
+  }
+  cos.assign(positions.size() * half, 0.0);
+  sin.assign(positions.size() * half, 0.0);
+  for (std::size_t t = 0; t < positions.size(); ++t) {
+    for (std::size_t i = 0; i < half; ++i) {
+      const float a = static_cast<float>(positions[t]) * inv[i];
+      cos[t * half + i] = round_to(round, static_cast<float>(std::cos(static_cast<double>(a))));
+      sin[t * half + i] = round_to(round, static_cast<float>(std::sin(static_cast<double>(a))));
+    }
+  }
+}
+
+tolerance tolerance_for(dtype t) {
+  switch (t) {
+    case dtype::f16: return {1e-3, 1e-3};
+    case dtype::bf16: return {8e-3, 8e-3};
+    default: return {1e-5, 1e-5};
+  }
+}
+
+void rope(rope_style style, bool backward, std::int64_t tokens, std::int64_t heads,
+          std::int64_t head_dim, std::int64_t rotary_dim, const double* cos, const double* sin,
+          const double* x, double* y) {
+  const std::int64_t half = rotary_dim / 2;
+  const double sign = backward ? -1.0 : 1.0;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const double* xr = x + (t * heads + h) * head_dim;
+      double* yr = y + (t * heads + h) * head_dim;
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double c = cos[t * half + i];
+        const double s = sign * sin[t * half + i];
+        const std::int64_t a = style == rope_style::neox ? i : 2 * i;
+        const std::int64_t b = style == rope_style::neox ? i + half : 2 * i + 1;
+        yr[a] = xr[a] * c - xr[b] * s;
+        yr[b] = xr[b] * c + xr[a] * s;
+      }
+      for (std::int64_t d = rotary_dim; d < head_dim; ++d) yr[d] = xr[d];
+    }
+  }
+}
+
+void rope_row_hf(rope_style style, std::int64_t head_dim, std::int64_t rotary_dim,
+                 const double* cos, const double* sin, const double* x, double* y) {
+  const std::int64_t half = rotary_dim / 2;
+  std::vector<double> c(rotary_dim), s(rotary_dim), rot(rotary_dim);
+  for (std::int64_t j = 0; j < rotary_dim; ++j) {
+    if (style == rope_style::neox) {  // cat(freqs, freqs); rotate_half = cat(-x2, x1)
+      c[j] = cos[j % half];
+      s[j] = sin[j % half];
+      rot[j] = j < half ? -x[j + half] : x[j - half];
+    } else {  // repeat_interleave(freqs, 2); rotate_every_two = stack(-x_odd, x_even)
+      c[j] = cos[j / 2];
+      s[j] = sin[j / 2];
+      rot[j] = j % 2 == 0 ? -x[j + 1] : x[j - 1];
+    }
+  }
+  for (std::int64_t j = 0; j < rotary_dim; ++j) y[j] = x[j] * c[j] + rot[j] * s[j];
+  for (std::int64_t j = rotary_dim; j < head_dim; ++j) y[j] = x[j];
+}
+
+}  // namespace tilerope::golden

@@ -1,0 +1,212 @@
+// The production kernels against the fp64 golden, on the SIMD target that TILEROPE_CPU_TARGET
+// forces (ctest runs this binary once per target). Exit code 77 (skipped) when this CPU
+// cannot run the forced target.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cases.h"
+#include "cpu/rope_plan.h"
+#include "tilerope/error.h"
+#include "tilerope/runtime.h"
+
+namespace {
+
+using namespace tilerope;
+using cli::rope_case;
+
+std::string describe(const rope_case& c, const cli::case_result& r) {
+  return c.name + " " + cli::variant_of(c) + " " + std::string(to_string(c.x_type)) + " " +
+         cli::shape_of(c) + " max_abs " + std::to_string(r.max_abs_err) + " " + r.problem;
+}
+
+TEST(Kernels, RunOnTheForcedTarget) {
+  const char* forced = std::getenv("TILEROPE_CPU_TARGET");
+  if (forced && *forced && std::string(forced) != "best") EXPECT_EQ(cpu_target(), forced);
+}
+
+TEST(Kernels, BuiltinCasesMatchGolden) {
+  for (const auto& c : cli::builtin_cases()) {
+    const auto r = cli::run_case(c);
+    EXPECT_TRUE(r.pass) << describe(c, r);
+  }
+}
+
+// Head dims with tails of every length on every vector width, odd head_dim with partial
+// rotary, packed and separate buffers, in place and out of place, each dtype and style.
+TEST(Kernels, SweepMatchesGolden) {
+  std::uint64_t seed = 7;
+  int n = 0;
+  for (auto style : {rope_style::neox, rope_style::gptj}) {
+    for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      for (auto [d, r] : std::vector<std::pair<int, int>>{{2, 2},   {6, 6},    {7, 6},    {8, 8},
+                                                          {14, 14}, {34, 34},  {36, 16},  {62, 62},
+                                                          {64, 32}, {80, 80},  {96, 96},  {128, 128},
+                                                          {130, 128}, {256, 256}, {256, 64}}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          rope_case c;
+          c.name = "sweep";
+          c.style = style;
+          c.x_type = t;
+          c.head_dim = d;
+          c.rotary_dim = r;
+          c.tokens = 1 + (variant * 5 + d) % 9;
+          c.q_heads = 1 + variant;
+          c.k_heads = variant % 3;
+          c.packed = c.k_heads > 0 && variant % 2 == 1;
+          c.inplace = variant < 2;
+          c.backward = variant == 3;
+          c.positions = variant == 2 ? "i32" : "i64";
+          c.seed = seed++;
+          const auto res = cli::run_case(c);
+          EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant;
+          ++n;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(n, 2 * 3 * 15 * 4);
+}
+
+// Position 0 is the identity, bit for bit, in every dtype.
+TEST(Kernels, PositionZeroIsIdentity) {
+  for (auto style : {rope_style::neox, rope_style::gptj}) {
+    for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      tensor q(t, {3, 4, 80});
+      std::mt19937 rng(3);
+      std::normal_distribution<double> normal;
+      for (std::int64_t i = 0; i < q.numel(); ++i) store_from_f64(q.data(), t, i, normal(rng));
+      const tensor before = q.clone();
+      std::vector<std::int64_t> zeros(3, 0);
+      rope_tensors x;
+      x.q = q;
+      rope_apply(style, x, rope_positions::from_ids(tensor_view::contiguous(zeros.data(), dtype::i64, {3})),
+                 rope_angles::from_theta(10000.0));
+      EXPECT_EQ(std::memcmp(q.data(), before.data(), q.bytes()), 0) << to_string(style) << to_string(t);
+    }
+  }
+}
+
+// Rotations keep each pair's norm, and backward undoes forward.
+TEST(Kernels, NormsKeptAndBackwardInvertsForward) {
+  const std::int64_t T = 33, H = 5, D = 128;
+  for (auto style : {rope_style::neox, rope_style::gptj}) {
+    std::vector<float> x(T * H * D), y(x.size()), z(x.size());
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-4, 4);
+    for (auto& v : x) v = u(rng);
+    rope_tensors fwd;
+    fwd.q = tensor_view::contiguous(x.data(), dtype::f32, {T, H, D});
+    fwd.q_out = tensor_view::contiguous(y.data(), dtype::f32, {T, H, D});
+    const auto angles = rope_angles::from_theta(10000.0);
+    rope_apply(style, fwd, rope_positions::from_offset(60000), angles);
+    rope_tensors bwd;
+    bwd.q = *fwd.q_out;
+    bwd.q_out = tensor_view::contiguous(z.data(), dtype::f32, {T, H, D});
+    rope_options back;
+    back.backward = true;
+    rope_apply(style, bwd, rope_positions::from_offset(60000), angles, back);
+    double worst_norm = 0, worst_inverse = 0;
+    for (std::int64_t row = 0; row < T * H; ++row) {
+      for (std::int64_t i = 0; i < D / 2; ++i) {
+        const std::int64_t a = row * D + (style == rope_style::neox ? i : 2 * i);
+        const std::int64_t b = row * D + (style == rope_style::neox ? i + D / 2 : 2 * i + 1);
+        const double n0 = std::hypot(double{x[a]}, double{x[b]});
+        const double n1 = std::hypot(double{y[a]}, double{y[b]});
+        worst_norm = std::max(worst_norm, std::fabs(n1 - n0));
+      }
+    }
+    for (std::size_t i = 0; i < x.size(); ++i) worst_inverse = std::max(worst_inverse, double(std::fabs(z[i] - x[i])));
+    EXPECT_LT(worst_norm, 4e-6) << to_string(style);
+    EXPECT_LT(worst_inverse, 1e-5) << to_string(style);
+  }
+}
+
+// Threads split tokens; each element's arithmetic is the same, so results are identical.
+TEST(Kernels, ThreadCountDoesNotChangeResults) {
+  const std::int64_t T = 300, H = 12, D = 128;
+  std::vector<std::uint16_t> x(T * H * D), a(x.size()), b(x.size());
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  for (auto& v : x) v = f32_to_bf16_bits(normal(rng));
+  auto run = [&](int threads, std::vector<std::uint16_t>& out) {
+    set_num_threads(threads);
+    rope_tensors t;
+    t.q = tensor_view::contiguous(x.data(), dtype::bf16, {T, H, D});
+    t.q_out = tensor_view::contiguous(out.data(), dtype::bf16, {T, H, D});
+    rope_apply(rope_style::neox, t, rope_positions::from_offset(5), rope_angles::from_theta(1e6));
+  };
+  const int before = num_threads();
+  run(1, a);
+  run(2, b);
+  set_num_threads(before);
+  EXPECT_EQ(a, b);
+}
+
+// The vector conversions of this target against the scalar ones (themselves checked against
+// independent references for every input in test_dtype.cc): every fp32 bit pattern.
+TEST(KernelConversions, EveryF32BitPatternRoundsLikeScalar) {
+  constexpr std::int64_t chunk = 1 << 20;
+  for (dtype to : {dtype::f16, dtype::bf16}) {
+    std::int64_t mismatches = 0;
+#pragma omp parallel for reduction(+ : mismatches) schedule(static)
+    for (std::int64_t start = 0; start < (std::int64_t{1} << 32); start += chunk) {
+      std::vector<float> in(chunk);
+      std::vector<std::uint16_t> out(chunk);
+      for (std::int64_t i = 0; i < chunk; ++i) {
+        const auto bits = static_cast<std::uint32_t>(start + i);
+        std::memcpy(&in[i], &bits, 4);
+      }
+      detail::convert_f32_to_16(to, in.data(), out.data(), chunk);
+      for (std::int64_t i = 0; i < chunk; ++i) {
+        const std::uint16_t want = to == dtype::f16 ? f32_to_f16_bits(in[i]) : f32_to_bf16_bits(in[i]);
+        mismatches += out[i] != want;
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << to_string(to);
+  }
+}
+
+TEST(KernelConversions, Every16BitPatternWidensExactly) {
+  for (dtype from : {dtype::f16, dtype::bf16}) {
+    std::vector<std::uint16_t> in(1 << 16);
+    std::vector<float> out(in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::uint16_t>(i);
+    detail::convert_16_to_f32(from, in.data(), out.data(), static_cast<std::int64_t>(in.size()));
+    int mismatches = 0;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const float want = from == dtype::f16 ? f16_bits_to_f32(in[i]) : bf16_bits_to_f32(in[i]);
+      std::uint32_t a, b;
+      std::memcpy(&a, &out[i], 4);
+      std::memcpy(&b, &want, 4);
+      // F16C quiets a signalling NaN: then only the quiet bit may differ
+      const bool nan_quieted = std::isnan(want) && (a | 0x00400000u) == (b | 0x00400000u);
+      mismatches += a != b && !nan_quieted;
+    }
+    EXPECT_EQ(mismatches, 0) << to_string(from);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const char* forced = std::getenv("TILEROPE_CPU_TARGET");
+  if (forced && *forced) {
+    try {
+      set_cpu_target(forced);
+    } catch (const tilerope::error& e) {
+      std::printf("skipped: %s\n", e.what());
+      return 77;
+    }
+  }
+  std::printf("kernel tests on cpu target %s\n", cpu_target().c_str());
+  return RUN_ALL_TESTS();
+}

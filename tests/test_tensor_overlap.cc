@@ -1,0 +1,80 @@
+// tensor_view basics and the exact overlap test used by validation.
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/overlap.h"
+#include "tilerope/tensor.h"
+
+namespace {
+
+using namespace tilerope;
+using detail::same_view;
+using detail::view_overlaps_itself;
+using detail::views_share_memory;
+
+TEST(TensorView, ContiguousStridesAndNumel) {
+  float buf[24];
+  const auto v = tensor_view::contiguous(buf, dtype::f32, {2, 3, 4});
+  EXPECT_EQ(v.strides_string(), "[12, 4, 1]");
+  EXPECT_EQ(v.shape_string(), "[2, 3, 4]");
+  EXPECT_EQ(v.numel(), 24);
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_EQ(v.element({1, 2, 3}), static_cast<void*>(buf + 23));
+  const tensor t(dtype::bf16, {3, 5});
+  EXPECT_EQ(t.bytes(), 30u);
+  const tensor c = t.clone();
+  EXPECT_NE(c.data(), t.data());
+}
+
+// q and k cut from one packed qkv buffer [T, Hq + 2 Hk, D] share no element, although their
+// address ranges interleave; the same holds in BSHD, and a one-head shift is an overlap.
+TEST(Overlap, PackedQkvViewsAreDisjoint) {
+  const std::int64_t T = 1000, Hq = 32, Hk = 8, D = 128, W = Hq + 2 * Hk;
+  std::vector<std::uint16_t> qkv(T * W * D);
+  auto* base = qkv.data();
+  const tensor_view q(base, dtype::bf16, {T, Hq, D}, {W * D, D, 1});
+  const tensor_view k(base + Hq * D, dtype::bf16, {T, Hk, D}, {W * D, D, 1});
+  const tensor_view v(base + (Hq + Hk) * D, dtype::bf16, {T, Hk, D}, {W * D, D, 1});
+  EXPECT_FALSE(views_share_memory(q, k));
+  EXPECT_FALSE(views_share_memory(k, v));
+  EXPECT_FALSE(views_share_memory(q, v));
+  EXPECT_TRUE(views_share_memory(q, q));
+  const tensor_view k_shifted(base + (Hq - 1) * D, dtype::bf16, {T, Hk, D}, {W * D, D, 1});
+  EXPECT_TRUE(views_share_memory(q, k_shifted));
+  const tensor_view k_one_elem(base + Hq * D - 1, dtype::bf16, {T, Hk, D}, {W * D, D, 1});
+  EXPECT_TRUE(views_share_memory(q, k_one_elem));
+  // the last token's k against the first token's q of a later buffer position
+  const tensor_view q_next(base + W * D, dtype::bf16, {T - 1, Hq, D}, {W * D, D, 1});
+  EXPECT_FALSE(views_share_memory(q_next, k));
+  EXPECT_TRUE(views_share_memory(q_next, q));
+}
+
+TEST(Overlap, BhsdAndMixedStrides) {
+  const std::int64_t B = 2, H = 4, S = 6, D = 16;
+  std::vector<float> buf(B * H * S * D);
+  const tensor_view bhsd(buf.data(), dtype::f32, {B, S, H, D}, {H * S * D, D, S * D, 1});
+  const tensor_view heads01(buf.data(), dtype::f32, {B, S, 2, D}, {H * S * D, D, S * D, 1});
+  const tensor_view heads23(buf.data() + 2 * S * D, dtype::f32, {B, S, 2, D}, {H * S * D, D, S * D, 1});
+  EXPECT_FALSE(views_share_memory(heads01, heads23));
+  EXPECT_TRUE(views_share_memory(bhsd, heads23));
+  // A transposed view of the same bytes (different strides): rows still coincide.
+  const tensor_view flat = tensor_view::contiguous(buf.data() + 5 * D, dtype::f32, {1, 1, D});
+  EXPECT_TRUE(views_share_memory(bhsd, flat));
+  EXPECT_FALSE(view_overlaps_itself(bhsd));
+}
+
+TEST(Overlap, SelfOverlapAndSameView) {
+  float buf[64];
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 2, 8}, {8, 0, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 8}, {4, 1})));
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 8}, {16, 1})));
+  const auto a = tensor_view::contiguous(buf, dtype::f32, {4, 8});
+  EXPECT_TRUE(same_view(a, tensor_view::contiguous(buf, dtype::f32, {4, 8})));
+  EXPECT_FALSE(same_view(a, tensor_view::contiguous(buf, dtype::f32, {8, 4})));
+  EXPECT_FALSE(views_share_memory(a, tensor_view::contiguous(buf + 32, dtype::f32, {4, 8})));
+  EXPECT_FALSE(views_share_memory(a, tensor_view::contiguous(nullptr, dtype::f32, {0, 8})));
+}
+
+}  // namespace

@@ -1,0 +1,450 @@
+#include "cases.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "golden/golden.h"
+#include "tilerope/error.h"
+#include "tilerope/freqs.h"
+
+namespace tilerope::cli {
+
+std::string_view to_string(x_layout l) {
+  switch (l) {
+    case x_layout::thd: return "thd";
+    case x_layout::bshd: return "bshd";
+    case x_layout::bhsd: return "bhsd";
+  }
+  return "?";
+}
+
+x_layout x_layout_from_string(std::string_view name) {
+  if (name == "thd") return x_layout::thd;
+  if (name == "bshd") return x_layout::bshd;
+  if (name == "bhsd") return x_layout::bhsd;
+  throw error("layout '" + std::string(name) + "' is not one of thd, bshd, bhsd");
+}
+
+namespace {
+
+using bytes = std::vector<unsigned char>;
+
+// One x buffer holding `total_heads` heads per token, in the case's layout.
+struct x_buffer {
+  bytes data;
+  std::int64_t total_heads = 0;
+};
+
+// A view of heads [h0, h0 + heads) of a buffer laid out as the case says.
+tensor_view head_view(const rope_case& c, x_buffer& buf, std::int64_t h0, std::int64_t heads) {
+  const std::int64_t B = c.batch, S = c.tokens, D = c.head_dim, H = buf.total_heads;
+  const auto es = static_cast<std::int64_t>(size_of(c.x_type));
+  unsigned char* base = buf.data.data();
+  switch (c.layout) {
+    case x_layout::thd:
+      return tensor_view(base + h0 * D * es, c.x_type, {S, heads, D}, {H * D, D, 1});
+    case x_layout::bshd:
+      return tensor_view(base + h0 * D * es, c.x_type, {B, S, heads, D}, {S * H * D, H * D, D, 1});
+    case x_layout::bhsd:
+      return tensor_view(base + h0 * S * D * es, c.x_type, {B, S, heads, D},
+                         {H * S * D, D, S * D, 1});
+  }
+  return {};
+}
+
+x_buffer make_buffer(const rope_case& c, std::int64_t total_heads) {
+  const std::int64_t b = c.layout == x_layout::thd ? 1 : c.batch;
+  x_buffer buf;
+  buf.total_heads = total_heads;
+  buf.data.assign(static_cast<std::size_t>(b * c.tokens * total_heads * c.head_dim) *
+                      size_of(c.x_type),
+                  0);
+  return buf;
+}
+
+void fill_normal(x_buffer& buf, dtype t, std::mt19937_64& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const std::size_t n = buf.data.size() / size_of(t);
+  for (std::size_t i = 0; i < n; ++i) store_from_f64(buf.data.data(), t, i, normal(rng));
+}
+
+// Element (b, s, h, d) of view v, read from `from` (a buffer of the same size as the one v
+// points into, starting at `base`).
+double read_at(const tensor_view& v, const unsigned char* base, const unsigned char* from,
+               std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) {
+  const bool r4 = v.rank == 4;
+  const std::int64_t e = r4 ? b * v.strides[0] + s * v.strides[1] + h * v.strides[2] + d
+                            : s * v.strides[0] + h * v.strides[1] + d;
+  const auto offset = static_cast<const unsigned char*>(v.data) - base;
+  const auto es = static_cast<std::int64_t>(size_of(v.type));
+  return load_as_f64(from + offset + e * es, v.type, 0);
+}
+
+// Dense [B*S, H, D] fp64 copy of view v's elements as they are in `from`.
+std::vector<double> gather(const rope_case& c, const tensor_view& v, const unsigned char* base,
+                           const unsigned char* from) {
+  const std::int64_t B = v.rank == 4 ? v.shape[0] : 1, S = c.tokens;
+  const std::int64_t H = v.shape[v.rank - 2], D = c.head_dim;
+  std::vector<double> out(static_cast<std::size_t>(B * S * H * D));
+  std::size_t i = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t d = 0; d < D; ++d) out[i++] = read_at(v, base, from, b, s, h, d);
+  return out;
+}
+
+void compare(const std::vector<double>& got, const std::vector<double>& want, case_result& r,
+             const char* what) {
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    if (std::isnan(got[i]) || std::isnan(err)) {
+      if (r.problem.empty()) r.problem = std::string(what) + " element " + std::to_string(i) + " is NaN";
+      r.pass = false;
+      continue;
+    }
+    r.max_abs_err = std::max(r.max_abs_err, err);
+    r.max_rel_err = std::max(r.max_rel_err, err / std::max(std::fabs(want[i]), r.atol));
+    if (err > r.atol + r.rtol * std::fabs(want[i])) r.pass = false;
+  }
+}
+
+void check_case_fields(const rope_case& c) {
+  auto bad = [&](const std::string& what) { throw error("case '" + c.name + "': " + what); };
+  if (!is_floating(c.x_type)) bad("dtype must be f32, f16 or bf16");
+  if (c.tokens < 0 || c.batch < 0 || c.q_heads < 1 || c.k_heads < 0 || c.head_dim < 1) {
+    bad("tokens, batch, k_heads must be >= 0 and q_heads, head_dim >= 1");
+  }
+  if (c.positions != "i32" && c.positions != "i64" && c.positions != "offset") {
+    bad("positions '" + c.positions + "' is not one of i32, i64, offset");
+  }
+  if (c.table != "f32" && c.table != "f16" && c.table != "bf16" && c.table != "none") {
+    bad("table '" + c.table + "' is not one of f32, f16, bf16, none");
+  }
+  if (c.max_pos < 1 || c.offset < 0) bad("max_pos must be >= 1 and offset >= 0");
+  if (c.packed && c.k_heads == 0) bad("packed needs k_heads > 0");
+  const double big = 1e9;
+  if (c.batch * c.tokens * (c.q_heads + 2 * c.k_heads) * c.head_dim > big) bad("too large");
+}
+
+}  // namespace
+
+std::string variant_of(const rope_case& c) {
+  return std::string(to_string(c.style)) + (c.backward ? "-bwd" : "");
+}
+
+std::string shape_of(const rope_case& c) {
+  const std::string tok = c.layout == x_layout::thd
+                              ? std::to_string(c.tokens)
+                              : std::to_string(c.batch) + "," + std::to_string(c.tokens);
+  std::string s = "q[" + tok + "," + std::to_string(c.q_heads) + "," + std::to_string(c.head_dim) + "]";
+  if (c.k_heads) s += " k[" + tok + "," + std::to_string(c.k_heads) + "," + std::to_string(c.head_dim) + "]";
+  if (c.rotary_dim && c.rotary_dim != c.head_dim) s += " r=" + std::to_string(c.rotary_dim);
+  return s;
+}
+
+case_result run_case(const rope_case& c) {
+  check_case_fields(c);
+  const bool rank4 = c.layout != x_layout::thd;
+  const std::int64_t B = rank4 ? c.batch : 1, S = c.tokens, D = c.head_dim;
+  const int rotary = c.rotary_dim ? c.rotary_dim : static_cast<int>(D);
+  std::mt19937_64 rng(c.seed);
+
+  // x buffers: one packed [.., Hq + 2 Hk, D] (v last, left untouched), or q and k apart.
+  std::vector<x_buffer> in;
+  tensor_view q, k;
+  if (c.packed) {
+    in.push_back(make_buffer(c, c.q_heads + 2 * c.k_heads));
+  } else {
+    in.push_back(make_buffer(c, c.q_heads));
+    if (c.k_heads) in.push_back(make_buffer(c, c.k_heads));
+  }
+  for (auto& b : in) fill_normal(b, c.x_type, rng);
+  q = head_view(c, in[0], 0, c.q_heads);
+  if (c.k_heads) k = c.packed ? head_view(c, in[0], c.q_heads, c.k_heads) : head_view(c, in[1], 0, c.k_heads);
+  std::vector<bytes> before;
+  for (auto& b : in) before.push_back(b.data);
+
+  // Outputs: the inputs themselves, or buffers of the same layout filled with NaN bytes.
+  std::vector<x_buffer> out = in;
+  tensor_view q_out = q, k_out = k;
+  if (!c.inplace) {
+    for (auto& b : out) std::fill(b.data.begin(), b.data.end(), 0xff);
+    q_out = head_view(c, out[0], 0, c.q_heads);
+    if (c.k_heads) {
+      k_out = c.packed ? head_view(c, out[0], c.q_heads, c.k_heads) : head_view(c, out[1], 0, c.k_heads);
+    }
+  }
+
+  // Positions, per token (b, s).
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(B * S));
+  std::uniform_int_distribution<std::int64_t> uniform(0, c.max_pos - 1);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t s = 0; s < S; ++s) {
+      auto& p = pos[static_cast<std::size_t>(b * S + s)];
+      if (c.positions == "offset") {
+        p = c.offset + s;
+      } else if (b > 0 && (c.shared_positions || !rank4)) {
+        p = pos[static_cast<std::size_t>(s)];
+      } else {
+        p = uniform(rng);
+      }
+    }
+  }
+  const bool one_row = !rank4 || c.shared_positions;
+  const dtype id_type = c.positions == "i32" ? dtype::i32 : dtype::i64;
+  tensor ids(id_type, one_row ? std::vector<std::int64_t>{S} : std::vector<std::int64_t>{B, S});
+  for (std::int64_t i = 0; i < ids.numel(); ++i) {
+    store_from_f64(ids.data(), id_type, static_cast<std::size_t>(i),
+                   static_cast<double>(pos[static_cast<std::size_t>(i)]));
+  }
+  const rope_positions positions = c.positions == "offset" ? rope_positions::from_offset(c.offset)
+                                                           : rope_positions::from_ids(ids);
+
+  // Angles, and the golden's view of the same cos/sin.
+  const std::int64_t largest = pos.empty() ? 0 : *std::max_element(pos.begin(), pos.end());
+  std::vector<double> gcos, gsin;
+  rope_table table;
+  rope_angles angles;
+  if (c.table != "none") {
+    table = make_rope_table(std::max(c.max_pos, largest + 1), rotary, c.theta,
+                            dtype_from_string(c.table), c.precision);
+    angles = rope_angles::from_table(table.cos, table.sin);
+    const std::int64_t half = rotary / 2;
+    for (std::int64_t p : pos) {
+      for (std::int64_t i = 0; i < half; ++i) {
+        gcos.push_back(load_as_f64(table.cos.data(), table.cos.type(), static_cast<std::size_t>(p * half + i)));
+        gsin.push_back(load_as_f64(table.sin.data(), table.sin.type(), static_cast<std::size_t>(p * half + i)));
+      }
+    }
+  } else {
+    angles = rope_angles::from_theta(c.theta, c.precision);
+    if (c.precision == angle_precision::accurate) {
+      golden::angles(golden::inv_freq(rotary, c.theta), pos, gcos, gsin);
+    } else {
+      golden::angles_hf(rotary, c.theta, pos, c.x_type, gcos, gsin);
+    }
+  }
+
+  rope_tensors x;
+  x.q = q;
+  if (c.k_heads) x.k = k;
+  if (!c.inplace) {
+    x.q_out = q_out;
+    if (c.k_heads) x.k_out = k_out;
+  }
+  rope_options options;
+  options.rotary_dim = c.rotary_dim;
+  options.backward = c.backward;
+  rope_apply(c.style, x, positions, angles, options);
+
+  case_result r;
+  const golden::tolerance tol = golden::tolerance_for(c.x_type);
+  r.atol = c.atol.value_or(tol.atol);
+  r.rtol = c.rtol.value_or(tol.rtol);
+  r.pass = true;
+  const std::int64_t tokens = B * S;
+  for (int which = 0; which < (c.k_heads ? 2 : 1); ++which) {
+    const tensor_view& xin = which == 0 ? q : k;
+    const tensor_view& xout = which == 0 ? q_out : k_out;
+    const std::size_t in_buf = (which == 1 && !c.packed) ? 1 : 0;
+    const std::vector<double> x0 = gather(c, xin, in[in_buf].data.data(), before[in_buf].data());
+    std::vector<double> want(x0.size());
+    golden::rope(c.style, c.backward, tokens, xin.shape[xin.rank - 2], D, rotary, gcos.data(),
+                 gsin.data(), x0.data(), want.data());
+    const auto& ob = c.inplace ? in[in_buf] : out[in_buf];
+    compare(gather(c, xout, ob.data.data(), ob.data.data()), want, r, which == 0 ? "q" : "k");
+  }
+  // What must not change: the inputs when out of place, v of a packed buffer always.
+  for (std::size_t i = 0; i < in.size() && !c.inplace; ++i) {
+    if (in[i].data != before[i]) r.pass = false, r.problem = "an input changed out of place";
+  }
+  if (c.packed) {
+    const x_buffer& written = c.inplace ? in[0] : out[0];
+    x_buffer v_copy = in[0];
+    v_copy.data = before[0];
+    const tensor_view v_now = head_view(c, const_cast<x_buffer&>(written), c.q_heads + c.k_heads, c.k_heads);
+    const tensor_view v_was = head_view(c, v_copy, c.q_heads + c.k_heads, c.k_heads);
+    const auto a = gather(c, v_now, written.data.data(), written.data.data());
+    const auto b = gather(c, v_was, v_copy.data.data(), v_copy.data.data());
+    const bool v_same = c.inplace ? a == b : std::all_of(a.begin(), a.end(), [](double d) { return std::isnan(d); });
+    if (!v_same) r.pass = false, r.problem = "v (not an operand) was written";
+  }
+  return r;
+}
+
+namespace {
+rope_case make(std::string name, rope_style style, dtype t, std::int64_t d,
+               std::int64_t tokens = 7) {
+  rope_case c;
+  c.name = std::move(name);
+  c.style = style;
+  c.x_type = t;
+  c.head_dim = d;
+  c.tokens = tokens;
+  return c;
+}
+}  // namespace
+
+std::vector<rope_case> builtin_cases() {
+  std::vector<rope_case> cases;
+  const rope_style styles[] = {rope_style::neox, rope_style::gptj};
+  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16};
+  std::uint64_t seed = 100;
+  // Every style x dtype x head_dim, alternating in place and out of place.
+  for (rope_style s : styles) {
+    for (dtype t : types) {
+      for (std::int64_t d : {64, 80, 96, 128, 256}) {
+        rope_case c = make(std::string(to_string(s)) + "-" + std::string(to_string(t)) + "-d" +
+                               std::to_string(d),
+                           s, t, d, 5 + (d % 7));
+        c.inplace = (d / 16) % 2 == 0;
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+    }
+  }
+  for (rope_style s : styles) {
+    const std::string st(to_string(s));
+    // partial rotary: the tail dims pass through
+    for (auto [d, r] : {std::pair<int, int>{128, 64}, {80, 32}, {6, 4}, {2, 2}}) {
+      rope_case c = make(st + "-partial-d" + std::to_string(d) + "-r" + std::to_string(r), s,
+                         r == 32 ? dtype::bf16 : dtype::f32, d, 9);
+      c.rotary_dim = r;
+      c.inplace = r != 64;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+    // GQA prefill slice of a Qwen3-8B-like layer, packed qkv, in place and out of place
+    for (bool inplace : {true, false}) {
+      rope_case c = make(st + "-gqa-32x8-packed-" + (inplace ? "inplace" : "outplace"), s,
+                         dtype::bf16, 128, 17);
+      c.q_heads = 32;
+      c.k_heads = 8;
+      c.packed = true;
+      c.inplace = inplace;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+    // layouts and position forms
+    for (x_layout l : {x_layout::bshd, x_layout::bhsd}) {
+      for (bool shared : {true, false}) {
+        rope_case c = make(st + "-" + std::string(to_string(l)) + (shared ? "-pos-s" : "-pos-bs"),
+                           s, dtype::f16, 64, 11);
+        c.layout = l;
+        c.batch = 3;
+        c.shared_positions = shared;
+        c.positions = shared ? "i32" : "i64";
+        c.packed = l == x_layout::bshd;
+        c.inplace = !shared;
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+    }
+    // decode at a cache offset, q only, i32 positions, low-precision tables
+    {
+      rope_case c = make(st + "-decode-offset", s, dtype::bf16, 128, 1);
+      c.q_heads = 32;
+      c.k_heads = 8;
+      c.positions = "offset";
+      c.offset = 4095;
+      cases.push_back(c);
+    }
+    {
+      rope_case c = make(st + "-q-only-i32", s, dtype::f32, 64, 13);
+      c.k_heads = 0;
+      c.positions = "i32";
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+    for (const char* table : {"f16", "bf16"}) {
+      rope_case c = make(st + "-table-" + table, s, dtype::f32, 128, 8);
+      c.table = table;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+    // angles computed on the fly, at long positions
+    for (angle_precision p : {angle_precision::accurate, angle_precision::hf_compat}) {
+      rope_case c = make(st + "-computed-" + std::string(to_string(p)), s, dtype::f32, 128, 9);
+      c.table = "none";
+      c.precision = p;
+      c.max_pos = 1 << 20;
+      c.theta = 1e6;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+    // backward
+    for (dtype t : types) {
+      rope_case c = make(st + "-backward-" + std::string(to_string(t)), s, t, 128, 6);
+      c.backward = true;
+      c.inplace = t != dtype::f16;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  rope_case empty = make("neox-empty-t0", rope_style::neox, dtype::f32, 64, 0);
+  cases.push_back(empty);
+  return cases;
+}
+
+rope_case case_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw error("a case must be a JSON object, got " + j.dump());
+  rope_case c;
+  c.name = j.value("name", std::string("unnamed"));
+  for (const auto& [key, v] : j.items()) {
+    try {
+      if (key == "name") continue;
+      else if (key == "style") c.style = rope_style_from_string(v.get<std::string>());
+      else if (key == "dtype") c.x_type = dtype_from_string(v.get<std::string>());
+      else if (key == "layout") c.layout = x_layout_from_string(v.get<std::string>());
+      else if (key == "batch") c.batch = v.get<std::int64_t>();
+      else if (key == "tokens") c.tokens = v.get<std::int64_t>();
+      else if (key == "q_heads") c.q_heads = v.get<std::int64_t>();
+      else if (key == "k_heads") c.k_heads = v.get<std::int64_t>();
+      else if (key == "head_dim") c.head_dim = v.get<std::int64_t>();
+      else if (key == "rotary_dim") c.rotary_dim = v.get<int>();
+      else if (key == "packed") c.packed = v.get<bool>();
+      else if (key == "inplace") c.inplace = v.get<bool>();
+      else if (key == "backward") c.backward = v.get<bool>();
+      else if (key == "positions") c.positions = v.get<std::string>();
+      else if (key == "shared_positions") c.shared_positions = v.get<bool>();
+      else if (key == "offset") c.offset = v.get<std::int64_t>();
+      else if (key == "max_pos") c.max_pos = v.get<std::int64_t>();
+      else if (key == "table") c.table = v.get<std::string>();
+      else if (key == "precision") c.precision = angle_precision_from_string(v.get<std::string>());
+      else if (key == "theta") c.theta = v.get<double>();
+      else if (key == "seed") c.seed = v.get<std::uint64_t>();
+      else if (key == "atol") c.atol = v.get<double>();
+      else if (key == "rtol") c.rtol = v.get<double>();
+      else throw error("unknown key");
+    } catch (const nlohmann::json::exception& e) {
+      throw error("case '" + c.name + "': key '" + key + "' has a bad value " + v.dump());
+    } catch (const error& e) {
+      throw error("case '" + c.name + "': key '" + key + "': " + e.what());
+    }
+  }
+  return c;
+}
+
+std::vector<rope_case> cases_from_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw error("cannot open case file '" + path + "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw error("case file '" + path + "' is not valid JSON: " + e.what());
+  }
+  if (j.is_object() && j.contains("cases")) j = j["cases"];
+  if (!j.is_array()) throw error("case file '" + path + "' must hold a list of cases or {\"cases\": [...]}");
+  std::vector<rope_case> cases;
+  for (const auto& item : j) cases.push_back(case_from_json(item));
+  return cases;
+}
+
+}  // namespace tilerope::cli

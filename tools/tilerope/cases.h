@@ -1,0 +1,68 @@
+#pragma once
+// Check cases: one rope_apply configuration, its seeded inputs, and its comparison against the
+// fp64 golden. `tilerope check` and the kernel tests run the same cases.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tilerope/rope.h"
+
+namespace tilerope::cli {
+
+enum class x_layout { thd, bshd, bhsd };
+std::string_view to_string(x_layout l);
+x_layout x_layout_from_string(std::string_view name);
+
+struct rope_case {
+  std::string name;
+  rope_style style = rope_style::neox;
+  dtype x_type = dtype::f32;
+  x_layout layout = x_layout::thd;
+  std::int64_t batch = 1;   // bshd / bhsd only
+  std::int64_t tokens = 7;  // T for thd, S for bshd / bhsd
+  std::int64_t q_heads = 4;
+  std::int64_t k_heads = 2;  // 0: q only
+  std::int64_t head_dim = 64;
+  int rotary_dim = 0;        // 0: head_dim
+  bool packed = false;       // q and k cut from one [.., Hq + 2 Hk, D] qkv buffer
+  bool inplace = true;
+  bool backward = false;
+  std::string positions = "i64";  // i32 | i64 | offset
+  bool shared_positions = false;  // bshd / bhsd: one [S] row for the whole batch
+  std::int64_t offset = 0;        // first position, positions = "offset"
+  std::int64_t max_pos = 4096;    // ids are drawn from [0, max_pos)
+  std::string table = "f32";      // f32 | f16 | bf16 | none (computed from theta)
+  angle_precision precision = angle_precision::accurate;
+  double theta = 10000.0;
+  std::uint64_t seed = 1;
+  std::optional<double> atol, rtol;  // default: the golden's tolerance table
+};
+
+struct case_result {
+  double max_abs_err = 0, max_rel_err = 0;
+  double atol = 0, rtol = 0;
+  bool pass = false;
+  std::string problem;  // why it failed, when not by tolerance alone
+};
+
+// "neox gptj" variant column, "f32", "q[7,4,64] k[7,2,64]" shape column.
+std::string variant_of(const rope_case& c);
+std::string shape_of(const rope_case& c);
+
+// Builds the inputs, runs rope_apply and the golden, compares. Throws tilerope::error for
+// an invalid case (e.g. a bad field), as rope_apply would.
+case_result run_case(const rope_case& c);
+
+// The built-in cases, embedded in the binary.
+std::vector<rope_case> builtin_cases();
+
+// A case from a JSON object whose keys are the field names above; unknown keys are errors.
+rope_case case_from_json(const nlohmann::json& j);
+// All cases of a file: a JSON list of case objects, or {"cases": [...]}.
+std::vector<rope_case> cases_from_file(const std::string& path);
+
+}  // namespace tilerope::cli
