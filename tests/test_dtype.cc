@@ -2,6 +2,9 @@
 // pattern round-tripped.
 
 #include <gtest/gtest.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -29,8 +32,18 @@ std::uint32_t bits_of(float f) {
   return u;
 }
 
-// The compiler's _Float16 conversion (round to nearest even) as the f16 reference.
+// The f16 reference: the CPU's own conversion (F16C vcvtps2ph, round to nearest even) where
+// there is one, else the compiler's _Float16 conversion (a slow soft-float routine).
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) std::uint16_t hardware_f16(float x) {
+  return static_cast<std::uint16_t>(_cvtss_sh(x, 0));
+}
+const bool have_f16c = __builtin_cpu_supports("f16c");
+#endif
 std::uint16_t reference_f16(float x) {
+#if defined(__x86_64__)
+  if (have_f16c) return hardware_f16(x);
+#endif
   const _Float16 h = static_cast<_Float16>(x);
   std::uint16_t u;
   std::memcpy(&u, &h, 2);

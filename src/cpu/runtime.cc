@@ -68,9 +68,17 @@ int default_threads() {
   return std::max(1, omp_get_max_threads());
 }
 
+void force_target(std::string_view name);
+
 void apply_env_target() {
   std::call_once(env_target_once, [] {
-    if (const char* env = std::getenv("TILEROPE_CPU_TARGET"); env && *env) set_cpu_target(env);
+    if (const char* env = std::getenv("TILEROPE_CPU_TARGET"); env && *env) {
+      try {
+        force_target(env);
+      } catch (const error& e) {
+        throw error(std::string("TILEROPE_CPU_TARGET: ") + e.what());
+      }
+    }
   });
 }
 
@@ -103,6 +111,11 @@ std::vector<std::string> supported_cpu_targets() {
 void set_cpu_target(std::string_view name) {
   // Mark the environment as read: an explicit call wins over TILEROPE_CPU_TARGET.
   std::call_once(env_target_once, [] {});
+  force_target(name);
+}
+
+namespace {
+void force_target(std::string_view name) {
   if (name == "best") {
     hwy::SetSupportedTargetsForTest(0);
     return;
@@ -128,6 +141,7 @@ void set_cpu_target(std::string_view name) {
   // Keep only the best of the named set (e.g. AVX3_DL over AVX3): targets are bits, best lowest.
   hwy::SetSupportedTargetsForTest(chosen & -chosen);
 }
+}  // namespace
 
 std::string cpu_target() {
   apply_env_target();

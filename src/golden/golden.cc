@@ -111,4 +111,55 @@ void rope_row_hf(rope_style style, std::int64_t head_dim, std::int64_t rotary_di
   for (std::int64_t j = rotary_dim; j < head_dim; ++j) y[j] = x[j];
 }
 
+void rope_full(std::int64_t rows, std::int64_t D, const double* x,
+               const std::vector<const double*>& cos_rows,
+               const std::vector<const double*>& sin_rows, double* y) {
+  const std::int64_t half = D / 2;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double* xr = x + r * D;
+    for (std::int64_t j = 0; j < D; ++j) {
+      const double rotated = j < half ? -xr[j + half] : xr[j - half];
+      y[r * D + j] = xr[j] * cos_rows[r][j] + rotated * sin_rows[r][j];
+    }
+  }
+}
+
+void mrope_row(const std::int64_t section[3], std::int64_t D, const double* const planes[3],
+               double* out) {
+  std::int64_t j = 0;
+  for (int i = 0; i < 6; ++i) {
+    for (std::int64_t w = 0; w < section[i % 3] && j < D; ++w, ++j) out[j] = planes[i % 3][j];
+  }
+}
+
+void rms_norm(std::int64_t rows, std::int64_t D, const double* x, const double* w, double eps,
+              double* y) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double sq = 0;
+    for (std::int64_t j = 0; j < D; ++j) sq += x[r * D + j] * x[r * D + j];
+    const double scale = 1.0 / std::sqrt(sq / static_cast<double>(D) + eps);
+    for (std::int64_t j = 0; j < D; ++j) y[r * D + j] = x[r * D + j] * scale * w[j];
+  }
+}
+
+void interleave_rope(std::int64_t rows, std::int64_t D, bool split_half_output, const double* x,
+                     const std::vector<const double*>& cos_rows,
+                     const std::vector<const double*>& sin_rows, double* y) {
+  const std::int64_t half = D / 2;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double* c = cos_rows[r];
+    const double* s = sin_rows[r];
+    for (std::int64_t k = 0; k < half; ++k) {
+      const double xe = x[r * D + 2 * k], xo = x[r * D + 2 * k + 1];
+      if (split_half_output) {
+        y[r * D + k] = xe * c[k] - xo * s[k];
+        y[r * D + half + k] = xe * s[half + k] + xo * c[half + k];
+      } else {
+        y[r * D + 2 * k] = xe * c[2 * k] - xo * s[2 * k];
+        y[r * D + 2 * k + 1] = xo * c[2 * k + 1] + xe * s[2 * k + 1];
+      }
+    }
+  }
+}
+
 }  // namespace tilerope::golden

@@ -49,4 +49,29 @@ tolerance tolerance_for(dtype t);
 void rope_row_hf(rope_style style, std::int64_t head_dim, std::int64_t rotary_dim,
                  const double* cos, const double* sin, const double* x, double* y);
 
+// ---- the source material's variants, with full-width tables as its goldens take them -------
+
+// y = x * cos + rotate_half(x) * sin on rows of D, rotate_half(x) = cat(-x2, x1); row r uses
+// the table rows cos_rows[r], sin_rows[r] (D entries each).
+void rope_full(std::int64_t rows, std::int64_t D, const double* x,
+               const std::vector<const double*>& cos_rows,
+               const std::vector<const double*>& sin_rows, double* y);
+
+// MRoPE's table for one token: chunk i of widths section*2 = [s0 s1 s2 s0 s1 s2] taken from
+// plane i % 3 (planes[p] points at that token's D entries).
+void mrope_row(const std::int64_t section[3], std::int64_t D, const double* const planes[3],
+               double* out);
+
+// h = x * (mean(x^2) + eps)^-1/2 * w on rows of D.
+void rms_norm(std::int64_t rows, std::int64_t D, const double* x, const double* w, double eps,
+              double* y);
+
+// Interleaved pairs (xe, xo) = (x[2k], x[2k+1]). interleaved output, positional tables:
+//   y[2k] = xe cos[2k] - xo sin[2k],  y[2k+1] = xo cos[2k+1] + xe sin[2k+1]
+// split-half output, half-pair tables:
+//   y[k] = xe cos[k] - xo sin[k],     y[D/2+k] = xe sin[D/2+k] + xo cos[D/2+k]
+void interleave_rope(std::int64_t rows, std::int64_t D, bool split_half_output, const double* x,
+                     const std::vector<const double*>& cos_rows,
+                     const std::vector<const double*>& sin_rows, double* y);
+
 }  // namespace tilerope::golden

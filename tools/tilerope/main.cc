@@ -1,4 +1,4 @@
-// tilerope: the command-line program. Subcommands: check, apply, info.
+// tilerope: the command-line program. Subcommands: check, apply, run, info.
 // Every error prints "tilerope: error: <message>" and exits 2.
 
 #include <cstdio>
@@ -8,6 +8,7 @@
 
 #include "apply.h"
 #include "check.h"
+#include "run.h"
 #include "tilerope/error.h"
 #include "tilerope/runtime.h"
 
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   tilerope::cli::add_check_command(app, exit_code);
   tilerope::cli::add_apply_command(app);
+  tilerope::cli::add_run_command(app, exit_code);
   add_info_command(app);
   try {
     app.parse(argc, argv);
