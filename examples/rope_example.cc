@@ -15,7 +15,7 @@ int main() {
   const std::vector<std::uint16_t> before = qkv;
 
   rope_tensors x;
-  x.q = tensor_view(qkv.data(), dtype::bf16, {T, Hq, D}, {W * D, D, 1});       // (T, Hq, D)
+  x.q = tensor_view(qkv.data(), dtype::bf16, {T, Hq, D}, {W * D, D, 1});           // (T, Hq, D)
   x.k = tensor_view(qkv.data() + Hq * D, dtype::bf16, {T, Hk, D}, {W * D, D, 1});  // (T, Hk, D)
 
   // positions 100, 101, ... (a chunk of a longer prompt); tables in fp32

@@ -134,12 +134,12 @@ TEST(Dtype, SpecialValues) {
   EXPECT_EQ(f32_to_bf16_bits(inf), 0x7f80u);
   EXPECT_EQ(f32_to_f16_bits(65504.0f), 0x7bffu);
   EXPECT_EQ(f32_to_f16_bits(65519.99f), 0x7bffu);
-  EXPECT_EQ(f32_to_f16_bits(65520.0f), 0x7c00u);  // halfway to 2^16 rounds to even: Inf
-  EXPECT_EQ(f32_to_f16_bits(0x1p-24f), 0x0001u);  // smallest subnormal
-  EXPECT_EQ(f32_to_f16_bits(0x1p-25f), 0x0000u);  // halfway to zero: even (zero)
-  EXPECT_EQ(f32_to_f16_bits(0x1.8p-24f), 0x0002u);  // 1.5 steps: ties to even (2)
+  EXPECT_EQ(f32_to_f16_bits(65520.0f), 0x7c00u);         // halfway to 2^16 rounds to even: Inf
+  EXPECT_EQ(f32_to_f16_bits(0x1p-24f), 0x0001u);         // smallest subnormal
+  EXPECT_EQ(f32_to_f16_bits(0x1p-25f), 0x0000u);         // halfway to zero: even (zero)
+  EXPECT_EQ(f32_to_f16_bits(0x1.8p-24f), 0x0002u);       // 1.5 steps: ties to even (2)
   EXPECT_EQ(f32_to_f16_bits(0x1.000002p-25f), 0x0001u);  // just above halfway
-  EXPECT_EQ(f16_bits_to_f32(0x03ffu), 0x3ffp-24f);      // largest subnormal
+  EXPECT_EQ(f16_bits_to_f32(0x03ffu), 0x3ffp-24f);       // largest subnormal
   EXPECT_TRUE(std::isnan(f16_bits_to_f32(f32_to_f16_bits(std::nanf("")))));
   EXPECT_EQ(f32_to_bf16_bits(1.00390625f), 0x3f80u);  // 1 + 2^-8: tie, to even
   EXPECT_EQ(f32_to_bf16_bits(1.01171875f), 0x3f82u);  // 1 + 3*2^-8: tie, to even (up)

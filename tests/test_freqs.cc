@@ -76,7 +76,8 @@ readback read_angles(const std::vector<std::int64_t>& positions, angle_precision
   rope_tensors xt;
   xt.q = tensor_view::contiguous(x.data(), dtype::f32, {T, half, D});
   std::vector<std::int64_t> ids = positions;
-  rope_apply(rope_style::neox, xt, rope_positions::from_ids(tensor_view::contiguous(ids.data(), dtype::i64, {T})),
+  rope_apply(rope_style::neox, xt,
+             rope_positions::from_ids(tensor_view::contiguous(ids.data(), dtype::i64, {T})),
              rope_angles::from_theta(10000.0, precision));
   readback r;
   for (std::int64_t t = 0; t < T; ++t) {
@@ -87,7 +88,8 @@ readback read_angles(const std::vector<std::int64_t>& positions, angle_precision
       const double c = static_cast<double>(cosl(a)), s = static_cast<double>(sinl(a));
       const double got_c = x[(t * half + i) * D + i], got_s = x[(t * half + i) * D + i + half];
       // beyond the fp32 rounding itself (half an ulp of the value)
-      worst = std::max({worst, std::fabs(got_c - c) - ulp_f32(c) / 2, std::fabs(got_s - s) - ulp_f32(s) / 2});
+      worst = std::max(
+          {worst, std::fabs(got_c - c) - ulp_f32(c) / 2, std::fabs(got_s - s) - ulp_f32(s) / 2});
       r.worst_abs = std::max({r.worst_abs, std::fabs(got_c - c), std::fabs(got_s - s)});
     }
     r.excess.push_back(worst);

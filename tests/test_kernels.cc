@@ -46,10 +46,21 @@ TEST(Kernels, SweepMatchesGolden) {
   int n = 0;
   for (auto style : {rope_style::neox, rope_style::gptj}) {
     for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
-      for (auto [d, r] : std::vector<std::pair<int, int>>{{2, 2},   {6, 6},    {7, 6},    {8, 8},
-                                                          {14, 14}, {34, 34},  {36, 16},  {62, 62},
-                                                          {64, 32}, {80, 80},  {96, 96},  {128, 128},
-                                                          {130, 128}, {256, 256}, {256, 64}}) {
+      for (auto [d, r] : std::vector<std::pair<int, int>>{{2, 2},
+                                                          {6, 6},
+                                                          {7, 6},
+                                                          {8, 8},
+                                                          {14, 14},
+                                                          {34, 34},
+                                                          {36, 16},
+                                                          {62, 62},
+                                                          {64, 32},
+                                                          {80, 80},
+                                                          {96, 96},
+                                                          {128, 128},
+                                                          {130, 128},
+                                                          {256, 256},
+                                                          {256, 64}}) {
         for (int variant = 0; variant < 4; ++variant) {
           rope_case c;
           c.name = "sweep";
@@ -87,9 +98,11 @@ TEST(Kernels, PositionZeroIsIdentity) {
       std::vector<std::int64_t> zeros(3, 0);
       rope_tensors x;
       x.q = q;
-      rope_apply(style, x, rope_positions::from_ids(tensor_view::contiguous(zeros.data(), dtype::i64, {3})),
+      rope_apply(style, x,
+                 rope_positions::from_ids(tensor_view::contiguous(zeros.data(), dtype::i64, {3})),
                  rope_angles::from_theta(10000.0));
-      EXPECT_EQ(std::memcmp(q.data(), before.data(), q.bytes()), 0) << to_string(style) << to_string(t);
+      EXPECT_EQ(std::memcmp(q.data(), before.data(), q.bytes()), 0)
+          << to_string(style) << to_string(t);
     }
   }
 }
@@ -123,7 +136,8 @@ TEST(Kernels, NormsKeptAndBackwardInvertsForward) {
         worst_norm = std::max(worst_norm, std::fabs(n1 - n0));
       }
     }
-    for (std::size_t i = 0; i < x.size(); ++i) worst_inverse = std::max(worst_inverse, double(std::fabs(z[i] - x[i])));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      worst_inverse = std::max(worst_inverse, double(std::fabs(z[i] - x[i])));
     EXPECT_LT(worst_norm, 4e-6) << to_string(style);
     EXPECT_LT(worst_inverse, 1e-5) << to_string(style);
   }
@@ -166,7 +180,8 @@ TEST(KernelConversions, EveryF32BitPatternRoundsLikeScalar) {
       }
       detail::convert_f32_to_16(to, in.data(), out.data(), chunk);
       for (std::int64_t i = 0; i < chunk; ++i) {
-        const std::uint16_t want = to == dtype::f16 ? f32_to_f16_bits(in[i]) : f32_to_bf16_bits(in[i]);
+        const std::uint16_t want =
+            to == dtype::f16 ? f32_to_f16_bits(in[i]) : f32_to_bf16_bits(in[i]);
         mismatches += out[i] != want;
       }
     }

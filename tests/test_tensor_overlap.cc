@@ -56,7 +56,8 @@ TEST(Overlap, BhsdAndMixedStrides) {
   std::vector<float> buf(B * H * S * D);
   const tensor_view bhsd(buf.data(), dtype::f32, {B, S, H, D}, {H * S * D, D, S * D, 1});
   const tensor_view heads01(buf.data(), dtype::f32, {B, S, 2, D}, {H * S * D, D, S * D, 1});
-  const tensor_view heads23(buf.data() + 2 * S * D, dtype::f32, {B, S, 2, D}, {H * S * D, D, S * D, 1});
+  const tensor_view heads23(buf.data() + 2 * S * D, dtype::f32, {B, S, 2, D},
+                            {H * S * D, D, S * D, 1});
   EXPECT_FALSE(views_share_memory(heads01, heads23));
   EXPECT_TRUE(views_share_memory(bhsd, heads23));
   // A transposed view of the same bytes (different strides): rows still coincide.

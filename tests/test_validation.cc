@@ -41,10 +41,14 @@ struct fixture {
   }
   void run() { rope_apply(style, x, positions, angles, options); }
   bool outputs_untouched() const {
-    for (float v : q_out) if (v != -7.0f) return false;
-    for (float v : k_out) if (v != -7.0f) return false;
-    for (float v : q) if (v != 1.0f) return false;
-    for (float v : k) if (v != 2.0f) return false;
+    for (float v : q_out)
+      if (v != -7.0f) return false;
+    for (float v : k_out)
+      if (v != -7.0f) return false;
+    for (float v : q)
+      if (v != 1.0f) return false;
+    for (float v : k)
+      if (v != 2.0f) return false;
     return true;
   }
 };
@@ -59,7 +63,8 @@ void expect_rejected(const std::function<void(fixture&)>& breaker,
     ADD_FAILURE() << "no error; expected one naming " << needles[0];
   } catch (const error& e) {
     const std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
   }
   EXPECT_TRUE(f.outputs_untouched()) << needles[0];
 }
@@ -72,49 +77,78 @@ TEST(Validation, TheFixtureIsValid) {
 
 TEST(Validation, DtypeMismatch) {
   std::vector<std::uint16_t> k16(fixture::T * fixture::Hk * fixture::D);
-  expect_rejected([&](fixture& f) { f.x.k = tensor_view::contiguous(k16.data(), dtype::bf16, {5, 2, 64}); },
-                  {"k dtype (bf16)", "q dtype (f32)"});
-  expect_rejected([&](fixture& f) { f.x.q_out = tensor_view::contiguous(k16.data(), dtype::f16, {5, 4, 64}); },
-                  {"q_out dtype (f16)", "f32"});
+  expect_rejected(
+      [&](fixture& f) {
+        f.x.k = tensor_view::contiguous(k16.data(), dtype::bf16, {5, 2, 64});
+      },
+      {"k dtype (bf16)", "q dtype (f32)"});
+  expect_rejected(
+      [&](fixture& f) {
+        f.x.q_out = tensor_view::contiguous(k16.data(), dtype::f16, {5, 4, 64});
+      },
+      {"q_out dtype (f16)", "f32"});
   expect_rejected([&](fixture& f) { f.x.q.type = dtype::i32; }, {"q dtype (i32)"});
 }
 
 TEST(Validation, RankAndShapeMismatch) {
-  expect_rejected([](fixture& f) { f.x.q = tensor_view::contiguous(f.q.data(), dtype::f32, {5 * 4 * 64}); },
-                  {"q must have rank 3", "rank 1", "[1280]"});
-  expect_rejected([](fixture& f) { f.x.k = tensor_view::contiguous(f.k.data(), dtype::f32, {1, 5, 2, 64}); },
-                  {"k rank (4)", "q rank (3)"});
-  expect_rejected([](fixture& f) { f.x.k = tensor_view::contiguous(f.k.data(), dtype::f32, {5, 4, 32}); },
-                  {"k head_dim (32)", "q head_dim (64)"});
-  expect_rejected([](fixture& f) { f.x.k = tensor_view::contiguous(f.k.data(), dtype::f32, {2, 5, 64}); },
-                  {"k token dims [2, 5, 64]", "[5, 4, 64]"});
-  expect_rejected([](fixture& f) { f.x.q_out = tensor_view::contiguous(f.q_out.data(), dtype::f32, {5, 2, 128}); },
-                  {"q_out shape [5, 2, 128]", "q shape [5, 4, 64]"});
+  expect_rejected(
+      [](fixture& f) { f.x.q = tensor_view::contiguous(f.q.data(), dtype::f32, {5 * 4 * 64}); },
+      {"q must have rank 3", "rank 1", "[1280]"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.k = tensor_view::contiguous(f.k.data(), dtype::f32, {1, 5, 2, 64});
+      },
+      {"k rank (4)", "q rank (3)"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.k = tensor_view::contiguous(f.k.data(), dtype::f32, {5, 4, 32});
+      },
+      {"k head_dim (32)", "q head_dim (64)"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.k = tensor_view::contiguous(f.k.data(), dtype::f32, {2, 5, 64});
+      },
+      {"k token dims [2, 5, 64]", "[5, 4, 64]"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.q_out = tensor_view::contiguous(f.q_out.data(), dtype::f32, {5, 2, 128});
+      },
+      {"q_out shape [5, 2, 128]", "q shape [5, 4, 64]"});
   expect_rejected([](fixture& f) { f.x.k.reset(); }, {"k_out is given but k is not"});
 }
 
 TEST(Validation, RotaryDim) {
-  expect_rejected([](fixture& f) { f.options.rotary_dim = 63; }, {"rotary_dim (63)", "head_dim (64)"});
-  expect_rejected([](fixture& f) { f.options.rotary_dim = 66; }, {"rotary_dim (66)", "<= head_dim (64)"});
+  expect_rejected([](fixture& f) { f.options.rotary_dim = 63; },
+                  {"rotary_dim (63)", "head_dim (64)"});
+  expect_rejected([](fixture& f) { f.options.rotary_dim = 66; },
+                  {"rotary_dim (66)", "<= head_dim (64)"});
   expect_rejected([](fixture& f) { f.options.rotary_dim = -2; }, {"rotary_dim (-2)"});
 }
 
 TEST(Validation, Positions) {
-  expect_rejected([](fixture& f) {
-    f.positions = rope_positions::from_ids(tensor_view::contiguous(f.pos.data(), dtype::i64, {4}));
-  }, {"positions shape [4]", "[5]", "T = 5"});
+  expect_rejected(
+      [](fixture& f) {
+        f.positions =
+            rope_positions::from_ids(tensor_view::contiguous(f.pos.data(), dtype::i64, {4}));
+      },
+      {"positions shape [4]", "[5]", "T = 5"});
   expect_rejected([](fixture& f) { f.pos[3] = -3; }, {"positions[3] (-3)", ">= 0"});
   expect_rejected([](fixture& f) { f.pos[2] = 16; }, {"position 16", "16 rows"});
-  expect_rejected([](fixture& f) { f.positions = rope_positions::from_offset(-1); }, {"offset (-1)"});
-  expect_rejected([](fixture& f) { f.positions = rope_positions::from_offset(12); }, {"position 16", "table"});
+  expect_rejected([](fixture& f) { f.positions = rope_positions::from_offset(-1); },
+                  {"offset (-1)"});
+  expect_rejected([](fixture& f) { f.positions = rope_positions::from_offset(12); },
+                  {"position 16", "table"});
   expect_rejected([](fixture& f) { f.positions.ids.type = dtype::f32; }, {"positions dtype (f32)"});
-  expect_rejected([](fixture& f) { f.positions.ids.data = nullptr; }, {"positions has null data", "[5]"});
+  expect_rejected([](fixture& f) { f.positions.ids.data = nullptr; },
+                  {"positions has null data", "[5]"});
 }
 
 TEST(Validation, ContiguityAndNullData) {
-  expect_rejected([](fixture& f) {
-    f.x.q = tensor_view(f.q.data(), dtype::f32, {5, 4, 32}, {256, 64, 2});
-  }, {"q last dim must be contiguous", "[256, 64, 2]"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.q = tensor_view(f.q.data(), dtype::f32, {5, 4, 32}, {256, 64, 2});
+      },
+      {"q last dim must be contiguous", "[256, 64, 2]"});
   expect_rejected([](fixture& f) { f.x.k->data = nullptr; }, {"k has null data", "[5, 2, 64]"});
   // null data with zero size is fine
   fixture f;
@@ -128,23 +162,34 @@ TEST(Validation, ContiguityAndNullData) {
 
 TEST(Validation, Overlap) {
   // q_out shifted by one head inside q: a partial overlap
-  expect_rejected([](fixture& f) {
-    f.q.resize(f.q.size() + 64, 1.0f);
-    f.x.q = tensor_view::contiguous(f.q.data(), dtype::f32, {5, 4, 64});
-    f.x.q_out = tensor_view::contiguous(f.q.data() + 64, dtype::f32, {5, 4, 64});
-  }, {"q_out [5, 4, 64] overlaps q [5, 4, 64]", "in place"});
-  expect_rejected([](fixture& f) { f.x.k_out = tensor_view::contiguous(f.q.data(), dtype::f32, {5, 2, 64}); },
-                  {"k_out [5, 2, 64] overlaps q [5, 4, 64]"});
-  expect_rejected([](fixture& f) { f.x.q_out = tensor_view(f.q_out.data(), dtype::f32, {5, 4, 64}, {256, 0, 1}); },
-                  {"q_out [5, 4, 64] with strides [256, 0, 1]", "more than once"});
+  expect_rejected(
+      [](fixture& f) {
+        f.q.resize(f.q.size() + 64, 1.0f);
+        f.x.q = tensor_view::contiguous(f.q.data(), dtype::f32, {5, 4, 64});
+        f.x.q_out = tensor_view::contiguous(f.q.data() + 64, dtype::f32, {5, 4, 64});
+      },
+      {"q_out [5, 4, 64] overlaps q [5, 4, 64]", "in place"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.k_out = tensor_view::contiguous(f.q.data(), dtype::f32, {5, 2, 64});
+      },
+      {"k_out [5, 2, 64] overlaps q [5, 4, 64]"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.q_out = tensor_view(f.q_out.data(), dtype::f32, {5, 4, 64}, {256, 0, 1});
+      },
+      {"q_out [5, 4, 64] with strides [256, 0, 1]", "more than once"});
   // writing into the cos table
-  expect_rejected([](fixture& f) {
-    f.x.k.reset();
-    f.x.k_out.reset();
-    f.x.q = tensor_view::contiguous(f.q.data(), dtype::f32, {1, 4, 64});
-    f.x.q_out = tensor_view::contiguous(f.table.cos.data(), dtype::f32, {1, 4, 64});
-    f.positions = rope_positions::from_ids(tensor_view::contiguous(f.pos.data(), dtype::i64, {1}));
-  }, {"q_out [1, 4, 64] overlaps cos [16, 32]"});
+  expect_rejected(
+      [](fixture& f) {
+        f.x.k.reset();
+        f.x.k_out.reset();
+        f.x.q = tensor_view::contiguous(f.q.data(), dtype::f32, {1, 4, 64});
+        f.x.q_out = tensor_view::contiguous(f.table.cos.data(), dtype::f32, {1, 4, 64});
+        f.positions =
+            rope_positions::from_ids(tensor_view::contiguous(f.pos.data(), dtype::i64, {1}));
+      },
+      {"q_out [1, 4, 64] overlaps cos [16, 32]"});
   // exact alias is in place, and allowed
   fixture f;
   f.x.q_out = f.x.q;
@@ -163,16 +208,25 @@ TEST(Validation, Angles) {
       EXPECT_NE(std::string(e.what()).find("theta ("), std::string::npos) << e.what();
     }
   }
-  expect_rejected([](fixture& f) { f.angles.sin = f.table.sin.view(); f.angles.sin.shape[1] = 16; },
-                  {"sin table width (16)", "rotary_dim/2 (32)"});
+  expect_rejected(
+      [](fixture& f) {
+        f.angles.sin = f.table.sin.view();
+        f.angles.sin.shape[1] = 16;
+      },
+      {"sin table width (16)", "rotary_dim/2 (32)"});
   expect_rejected([](fixture& f) { f.angles.cos.type = dtype::i64; }, {"cos table dtype (i64)"});
-  expect_rejected([](fixture& f) { f.angles = rope_angles::from_inv_freq({1.0, 0.5}); },
-                  {"inv_freq has 2 entries", "rotary_dim/2 (32)"});
-  expect_rejected([](fixture& f) {
-    std::vector<double> inv(32, 1.0);
-    inv[7] = std::numeric_limits<double>::infinity();
-    f.angles = rope_angles::from_inv_freq(inv);
-  }, {"inv_freq[7] (inf)"});
+  expect_rejected(
+      [](fixture& f) {
+        f.angles = rope_angles::from_inv_freq({1.0, 0.5});
+      },
+      {"inv_freq has 2 entries", "rotary_dim/2 (32)"});
+  expect_rejected(
+      [](fixture& f) {
+        std::vector<double> inv(32, 1.0);
+        inv[7] = std::numeric_limits<double>::infinity();
+        f.angles = rope_angles::from_inv_freq(inv);
+      },
+      {"inv_freq[7] (inf)"});
   expect_rejected([](fixture& f) { f.style = static_cast<rope_style>(9); }, {"style (9)"});
 }
 

@@ -147,8 +147,8 @@ struct kernel_report {
   std::size_t ub_budget_bytes = 0;  ///< the capacity it ran under
   std::int64_t tiles = 0;           ///< tiles assembled
   std::int64_t assembles = 0;
-  std::vector<loop_chunk> chunks;   ///< every loop's stretches, in order
-  double seconds = 0;               ///< the executing pass
+  std::vector<loop_chunk> chunks;  ///< every loop's stretches, in order
+  double seconds = 0;              ///< the executing pass
 };
 
 /// Runs a kernel body over its tensors: a checking pass, then the executing pass.

@@ -10,11 +10,16 @@ namespace tilerope {
 
 std::string_view to_string(dtype t) {
   switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::f16: return "f16";
-    case dtype::bf16: return "bf16";
-    case dtype::i32: return "i32";
-    case dtype::i64: return "i64";
+    case dtype::f32:
+      return "f32";
+    case dtype::f16:
+      return "f16";
+    case dtype::bf16:
+      return "bf16";
+    case dtype::i32:
+      return "i32";
+    case dtype::i64:
+      return "i64";
   }
   return "?";
 }
@@ -30,11 +35,16 @@ dtype dtype_from_string(std::string_view name) {
 
 std::size_t size_of(dtype t) {
   switch (t) {
-    case dtype::f32: return 4;
-    case dtype::f16: return 2;
-    case dtype::bf16: return 2;
-    case dtype::i32: return 4;
-    case dtype::i64: return 8;
+    case dtype::f32:
+      return 4;
+    case dtype::f16:
+      return 2;
+    case dtype::bf16:
+      return 2;
+    case dtype::i32:
+      return 4;
+    case dtype::i64:
+      return 8;
   }
   return 0;
 }
@@ -113,7 +123,9 @@ std::uint16_t round_f64_to_half(double value, std::uint16_t (*to_bits)(float),
   if (mag == inf_bits) {  // the fp32 route overflowed: Inf from half an ulp past the largest
     const double largest = from_bits(inf_bits - 1);
     const double ulp = largest - static_cast<double>(from_bits(inf_bits - 2));
-    return std::fabs(value) >= largest + ulp / 2 ? h : static_cast<std::uint16_t>(sign | (inf_bits - 1));
+    return std::fabs(value) >= largest + ulp / 2
+               ? h
+               : static_cast<std::uint16_t>(sign | (inf_bits - 1));
   }
   const double here = from_bits(h);
   const bool above = std::fabs(here) > std::fabs(value);
@@ -127,18 +139,25 @@ std::uint16_t round_f64_to_half(double value, std::uint16_t (*to_bits)(float),
 
 double load_as_f64(const void* data, dtype t, std::size_t i) {
   switch (t) {
-    case dtype::f32: return static_cast<const float*>(data)[i];
-    case dtype::f16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(data)[i]);
-    case dtype::bf16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(data)[i]);
-    case dtype::i32: return static_cast<const std::int32_t*>(data)[i];
-    case dtype::i64: return static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
+    case dtype::f32:
+      return static_cast<const float*>(data)[i];
+    case dtype::f16:
+      return f16_bits_to_f32(static_cast<const std::uint16_t*>(data)[i]);
+    case dtype::bf16:
+      return bf16_bits_to_f32(static_cast<const std::uint16_t*>(data)[i]);
+    case dtype::i32:
+      return static_cast<const std::int32_t*>(data)[i];
+    case dtype::i64:
+      return static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
   }
   return 0;
 }
 
 void store_from_f64(void* data, dtype t, std::size_t i, double value) {
   switch (t) {
-    case dtype::f32: static_cast<float*>(data)[i] = static_cast<float>(value); return;
+    case dtype::f32:
+      static_cast<float*>(data)[i] = static_cast<float>(value);
+      return;
     case dtype::f16:
       static_cast<std::uint16_t*>(data)[i] =
           round_f64_to_half(value, f32_to_f16_bits, f16_bits_to_f32, 0x7c00u);
@@ -147,8 +166,12 @@ void store_from_f64(void* data, dtype t, std::size_t i, double value) {
       static_cast<std::uint16_t*>(data)[i] =
           round_f64_to_half(value, f32_to_bf16_bits, bf16_bits_to_f32, 0x7f80u);
       return;
-    case dtype::i32: static_cast<std::int32_t*>(data)[i] = static_cast<std::int32_t>(value); return;
-    case dtype::i64: static_cast<std::int64_t*>(data)[i] = static_cast<std::int64_t>(value); return;
+    case dtype::i32:
+      static_cast<std::int32_t*>(data)[i] = static_cast<std::int32_t>(value);
+      return;
+    case dtype::i64:
+      static_cast<std::int64_t*>(data)[i] = static_cast<std::int64_t>(value);
+      return;
   }
 }
 

@@ -105,7 +105,8 @@ rope_table make_rope_table(std::int64_t max_pos, const std::vector<double>& inv_
   if (inv_freq.empty()) throw error("inv_freq must not be empty");
   return fill_table(max_pos, static_cast<std::int64_t>(inv_freq.size()), table_type,
                     [&](std::int64_t p, std::int64_t i) {
-                      const double a = static_cast<double>(p) * inv_freq[static_cast<std::size_t>(i)];
+                      const double a =
+                          static_cast<double>(p) * inv_freq[static_cast<std::size_t>(i)];
                       return std::pair<double, double>{std::cos(a), std::sin(a)};
                     });
 }

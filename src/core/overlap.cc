@@ -60,7 +60,8 @@ void collect_rows(const byte_layout& l, int dim, std::int64_t start,
     rows.push_back(start);
     return;
   }
-  for (std::int64_t i = 0; i < l.n[dim]; ++i) collect_rows(l, dim + 1, start + i * l.stride[dim], rows);
+  for (std::int64_t i = 0; i < l.n[dim]; ++i)
+    collect_rows(l, dim + 1, start + i * l.stride[dim], rows);
 }
 
 // Row by row: sort both sets of row starts and sweep.
@@ -75,7 +76,10 @@ bool rows_overlap(const byte_layout& a, int da, std::int64_t a0, const byte_layo
   while (i < ra.size() && j < rb.size()) {
     const std::int64_t a_end = ra[i] + a.row, b_end = rb[j] + b.row;
     if (ra[i] < b_end && rb[j] < a_end) return true;
-    if (a_end <= b_end) ++i; else ++j;
+    if (a_end <= b_end)
+      ++i;
+    else
+      ++j;
   }
   return false;
 }

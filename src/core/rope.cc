@@ -108,8 +108,8 @@ void check_same_shape(const char* name, const tensor_view& v, const char* of,
   bool same = v.rank == x.rank;
   for (int i = 0; same && i < v.rank; ++i) same = v.shape[i] == x.shape[i];
   if (!same) {
-    throw error(std::string(name) + " shape " + v.shape_string() + " must equal " + of +
-                " shape " + x.shape_string());
+    throw error(std::string(name) + " shape " + v.shape_string() + " must equal " + of + " shape " +
+                x.shape_string());
   }
 }
 
@@ -151,11 +151,12 @@ std::int64_t check_positions(const rope_positions& p, const tensor_view& q, toke
       (ids.rank == 1 && ids.shape[0] == t.seq) ||
       (rank4 && ids.rank == 2 && ids.shape[0] == t.batch && ids.shape[1] == t.seq);
   if (!shape_ok) {
-    const std::string want = rank4 ? "[" + num(t.seq) + "] or [" + num(t.batch) + ", " +
-                                         num(t.seq) + "]"
-                                   : "[" + num(t.seq) + "]";
+    const std::string want =
+        rank4 ? "[" + num(t.seq) + "] or [" + num(t.batch) + ", " + num(t.seq) + "]"
+              : "[" + num(t.seq) + "]";
     throw error("positions shape " + ids.shape_string() + " must be " + want + " for q " +
-                q.shape_string() + (rank4 ? "" : " (one position per token, T = " + num(t.seq) + ")"));
+                q.shape_string() +
+                (rank4 ? "" : " (one position per token, T = " + num(t.seq) + ")"));
   }
   check_last_contiguous("positions", ids);
   check_data("positions", ids);
@@ -165,11 +166,12 @@ std::int64_t check_positions(const rope_positions& p, const tensor_view& q, toke
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t s = 0; s < t.seq; ++s) {
       const std::int64_t at = r * row_stride + s;
-      const std::int64_t v = ids.type == dtype::i32 ? static_cast<const std::int32_t*>(ids.data)[at]
-                                                    : static_cast<const std::int64_t*>(ids.data)[at];
+      const std::int64_t v = ids.type == dtype::i32
+                                 ? static_cast<const std::int32_t*>(ids.data)[at]
+                                 : static_cast<const std::int64_t*>(ids.data)[at];
       if (v < 0) {
-        throw error("positions[" + (ids.rank == 2 ? num(r) + ", " : "") + num(s) + "] (" +
-                    num(v) + ") must be >= 0");
+        throw error("positions[" + (ids.rank == 2 ? num(r) + ", " : "") + num(s) + "] (" + num(v) +
+                    ") must be >= 0");
       }
       largest = std::max(largest, v);
     }
@@ -295,8 +297,8 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
     check_table(angles, half);
     const std::int64_t max_pos = angles.cos.shape[0];
     if (largest >= max_pos) {
-      throw error("position " + num(largest) + " is outside the cos/sin table of " +
-                  num(max_pos) + " rows [0, " + num(max_pos) + ")");
+      throw error("position " + num(largest) + " is outside the cos/sin table of " + num(max_pos) +
+                  " rows [0, " + num(max_pos) + ")");
     }
     plan.cos = angles.cos.data;
     plan.sin = angles.sin.data;

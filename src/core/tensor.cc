@@ -16,8 +16,8 @@ std::string join(const std::int64_t* v, int n) {
 void init(tensor_view& t, const std::int64_t* shape, std::size_t shape_rank,
           const std::int64_t* strides, std::size_t strides_rank) {
   if (shape_rank > static_cast<std::size_t>(max_rank)) {
-    throw error("tensor rank (" + std::to_string(shape_rank) + ") must be <= " +
-                std::to_string(max_rank));
+    throw error("tensor rank (" + std::to_string(shape_rank) +
+                ") must be <= " + std::to_string(max_rank));
   }
   if (shape_rank != strides_rank) {
     throw error("tensor shape " + join(shape, static_cast<int>(shape_rank)) + " and strides " +
@@ -62,8 +62,8 @@ tensor_view tensor_view::contiguous(void* data, dtype type,
 tensor_view tensor_view::contiguous(void* data, dtype type,
                                     const std::vector<std::int64_t>& shape) {
   if (shape.size() > static_cast<std::size_t>(max_rank)) {
-    throw error("tensor rank (" + std::to_string(shape.size()) + ") must be <= " +
-                std::to_string(max_rank));
+    throw error("tensor rank (" + std::to_string(shape.size()) +
+                ") must be <= " + std::to_string(max_rank));
   }
   return tensor_view(data, type, shape, row_major_strides(shape.data(), shape.size()));
 }

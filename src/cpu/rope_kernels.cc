@@ -12,10 +12,9 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/rope_kernels.cc"
+#include "cpu/rope_plan.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-
-#include "cpu/rope_plan.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tilerope::detail::HWY_NAMESPACE {
@@ -37,8 +36,8 @@ HWY_INLINE vf32 f16_to_f32(df32 d, hn::Vec<hn::RebindToUnsigned<df32>> h) {
   // Inf/NaN get a second re-bias so that their exponent becomes 255.
   auto bits = hn::Add(hn::ShiftLeft<13>(mag), hn::Set(du, 112u << 23));
   const auto is_special = hn::Gt(hn::BitCast(di, mag), hn::Set(di, 0x7bff));
-  bits = hn::IfThenElse(hn::RebindMask(du, is_special), hn::Add(bits, hn::Set(du, 112u << 23)),
-                        bits);
+  bits =
+      hn::IfThenElse(hn::RebindMask(du, is_special), hn::Add(bits, hn::Set(du, 112u << 23)), bits);
   // Subnormal (and zero): mag * 2^-24, exact in fp32.
   const auto sub = hn::Mul(hn::ConvertTo(d, hn::BitCast(di, mag)), hn::Set(d, 0x1p-24f));
   const auto is_sub = hn::Lt(hn::BitCast(di, mag), hn::Set(di, 0x400));
@@ -62,10 +61,11 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<df32>> f32_to_f16(df32 d, vf32 v) {
   // of 2^-24, the f16 subnormal step; the low bits of the sum are then the f16 mantissa.
   const auto sum = hn::Add(hn::BitCast(d, abs), hn::Set(d, 0.5f));
   const auto sub = hn::Sub(hn::BitCast(du, sum), hn::Set(du, 0x3f000000u));
-  const auto nan = hn::Or(hn::Set(du, 0x7e00u), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 0x3ffu)));
+  const auto nan =
+      hn::Or(hn::Set(du, 0x7e00u), hn::And(hn::ShiftRight<13>(abs), hn::Set(du, 0x3ffu)));
   auto r = hn::IfThenElse(hn::RebindMask(du, hn::Lt(abs_i, hn::Set(di, 0x38800000))), sub, normal);
-  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x477fefff))), hn::Set(du, 0x7c00u),
-                     r);
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x477fefff))),
+                     hn::Set(du, 0x7c00u), r);
   r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(abs_i, hn::Set(di, 0x7f800000))), nan, r);
   return hn::Or(r, sign);
 }
@@ -193,7 +193,8 @@ void neox_row(df32 d, const typename IO::storage* x, typename IO::storage* y, co
   using T = typename IO::storage;
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
-  for (; i + n <= half; i += n) neox_step<IO>(d, x + i, x + half + i, y + i, y + half + i, c + i, s + i);
+  for (; i + n <= half; i += n)
+    neox_step<IO>(d, x + i, x + half + i, y + i, y + half + i, c + i, s + i);
   if (i == half) return;
   const auto rest = static_cast<std::size_t>(half - i);
   T a[max_f32_lanes] = {}, b[max_f32_lanes] = {};
@@ -236,9 +237,12 @@ std::int64_t position_of(const rope_plan& p, std::int64_t b, std::int64_t s) {
 
 float table_entry(const void* table, dtype t, std::int64_t at) {
   switch (t) {
-    case dtype::f16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(table)[at]);
-    case dtype::bf16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(table)[at]);
-    default: return static_cast<const float*>(table)[at];
+    case dtype::f16:
+      return f16_bits_to_f32(static_cast<const std::uint16_t*>(table)[at]);
+    case dtype::bf16:
+      return bf16_bits_to_f32(static_cast<const std::uint16_t*>(table)[at]);
+    default:
+      return static_cast<const float*>(table)[at];
   }
 }
 
@@ -309,9 +313,12 @@ void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last
 
 void rope_tokens_impl(const rope_plan& p, std::int64_t first, std::int64_t last) {
   switch (p.x_type) {
-    case dtype::f16: return rope_tokens_typed<f16_io>(p, first, last);
-    case dtype::bf16: return rope_tokens_typed<bf16_io>(p, first, last);
-    default: return rope_tokens_typed<f32_io>(p, first, last);
+    case dtype::f16:
+      return rope_tokens_typed<f16_io>(p, first, last);
+    case dtype::bf16:
+      return rope_tokens_typed<bf16_io>(p, first, last);
+    default:
+      return rope_tokens_typed<f32_io>(p, first, last);
   }
 }
 

@@ -39,8 +39,8 @@ struct rope_plan {
   const void* sin = nullptr;
   dtype table_type = dtype::f32;
   std::int64_t table_row = 0;
-  const double* inv_freq = nullptr;      // accurate
-  const float* inv_freq_f32 = nullptr;   // hf_compat
+  const double* inv_freq = nullptr;     // accurate
+  const float* inv_freq_f32 = nullptr;  // hf_compat
   angle_precision precision = angle_precision::accurate;
 
   std::int64_t tokens() const { return batch * seq; }

@@ -127,16 +127,16 @@ void force_target(std::string_view name) {
   std::vector<std::string> known;
   for (const auto& t : target_names) known.emplace_back(t.name);
   if (found == nullptr) {
-    throw error("cpu target '" + std::string(name) + "' is unknown; known targets: " +
-                join(known) + ", best");
+    throw error("cpu target '" + std::string(name) + "' is unknown; known targets: " + join(known) +
+                ", best");
   }
   hwy::SetSupportedTargetsForTest(0);
   const std::int64_t available = hwy::SupportedTargets() & HWY_TARGETS;
   const std::int64_t chosen = found->mask & available;
   if (chosen == 0) {
-    throw error("cpu target '" + std::string(name) +
-                "' is not available on this CPU and build; available: " +
-                join(names_of(available)));
+    throw error(
+        "cpu target '" + std::string(name) +
+        "' is not available on this CPU and build; available: " + join(names_of(available)));
   }
   // Keep only the best of the named set (e.g. AVX3_DL over AVX3): targets are bits, best lowest.
   hwy::SetSupportedTargetsForTest(chosen & -chosen);

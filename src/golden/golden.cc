@@ -34,9 +34,9 @@ double round_to(dtype t, double v) {
     // Scale to an integer count of bf16 steps in v's binade and round that, ties to even.
     if (v == 0 || !std::isfinite(v)) return v;
     int e = 0;
-    std::frexp(v, &e);                    // |v| in [2^(e-1), 2^e)
+    std::frexp(v, &e);                                           // |v| in [2^(e-1), 2^e)
     const double step = std::ldexp(1.0, std::max(e - 8, -133));  // 8 significant bits
-    const double r = std::nearbyint(v / step) * step;   // default mode: ties to even
+    const double r = std::nearbyint(v / step) * step;            // default mode: ties to even
     return std::fabs(r) >= 0x1p128 ? std::copysign(INFINITY, v) : r;
   }
   if (t == dtype::f32) return static_cast<double>(static_cast<float>(v));
@@ -64,9 +64,12 @@ void angles_hf(std::int64_t rotary_dim, double theta, const std::vector<std::int
 
 tolerance tolerance_for(dtype t) {
   switch (t) {
-    case dtype::f16: return {1e-3, 1e-3};
-    case dtype::bf16: return {8e-3, 8e-3};
-    default: return {1e-5, 1e-5};
+    case dtype::f16:
+      return {1e-3, 1e-3};
+    case dtype::bf16:
+      return {8e-3, 8e-3};
+    default:
+      return {1e-5, 1e-5};
   }
 }
 

@@ -23,37 +23,42 @@ kernel_report interleave_rope(const tensor_view& x_mem, const tensor_view& cos_m
     return std::pair{gathermask(v, 1), gathermask(v, 2)};
   };
 
-  return run_kernel("interleave_rope", {x, cos, sin}, {out}, [&] {
-    loop(0, B, 1, "batch", {1}, [&](std::int64_t b) {
-      loop(0, (S + s_tile - 1) / s_tile, 1, "seq", {2, 1}, [&](std::int64_t i) {
-        const std::int64_t s0 = i * s_tile, cur = std::min(s_tile, S - s0);
-        set_vec_tile_shapes(cfg.tile.value_or(shape_t{1, std::min<std::int64_t>(N, 8), s_tile, half}));
-        value xs = cast(view(x, {1, N, s_tile, D}, {b, 0, s0, 0}, shape_t{1, N, cur, D}), dtype::f32);
-        const std::int64_t ts = table_per_token ? s_tile : 1;
-        const shape_t t_at = {b, 0, table_per_token ? s0 : 0, 0};
-        const shape_t t_valid = {1, 1, table_per_token ? cur : 1, D};
-        value c = cast(view(cos, {1, 1, ts, D}, t_at, t_valid), dtype::f32);  // (1, 1, St|1, D)
-        value s = cast(view(sin, {1, 1, ts, D}, t_at, t_valid), dtype::f32);  // (1, 1, St|1, D)
-        auto [xe, xo] = split(xs);                                            // (1, N, St, D/2)
-        value y;
-        if (output == interleave_output::interleaved) {
-          auto [ce, co] = split(c);  // positional tables: the entries at 2k and 2k+1
-          auto [se, so] = split(s);
-          value ye = sub(mul(xe, ce), mul(xo, se));
-          value yo = add(mul(xo, co), mul(xe, so));
-          y = interleave(ye, yo);  // (1, N, St, D)
-        } else {
-          const shape_t h = {1, 1, ts, half};
-          value c1 = view(c, h, {0, 0, 0, 0}), c2 = view(c, h, {0, 0, 0, half});
-          value s1 = view(s, h, {0, 0, 0, 0}), s2 = view(s, h, {0, 0, 0, half});
-          value ye = sub(mul(xe, c1), mul(xo, s1));
-          value yo = add(mul(xe, s2), mul(xo, c2));
-          y = concat({ye, yo}, -1);  // (1, N, St, D): split-half layout
-        }
-        assemble(cast(y, x_mem.type), {b, 0, s0, 0}, out);
-      });
-    });
-  }, {cfg.ub_bytes});
+  return run_kernel(
+      "interleave_rope", {x, cos, sin}, {out},
+      [&] {
+        loop(0, B, 1, "batch", {1}, [&](std::int64_t b) {
+          loop(0, (S + s_tile - 1) / s_tile, 1, "seq", {2, 1}, [&](std::int64_t i) {
+            const std::int64_t s0 = i * s_tile, cur = std::min(s_tile, S - s0);
+            set_vec_tile_shapes(
+                cfg.tile.value_or(shape_t{1, std::min<std::int64_t>(N, 8), s_tile, half}));
+            value xs =
+                cast(view(x, {1, N, s_tile, D}, {b, 0, s0, 0}, shape_t{1, N, cur, D}), dtype::f32);
+            const std::int64_t ts = table_per_token ? s_tile : 1;
+            const shape_t t_at = {b, 0, table_per_token ? s0 : 0, 0};
+            const shape_t t_valid = {1, 1, table_per_token ? cur : 1, D};
+            value c = cast(view(cos, {1, 1, ts, D}, t_at, t_valid), dtype::f32);  // (1, 1, St|1, D)
+            value s = cast(view(sin, {1, 1, ts, D}, t_at, t_valid), dtype::f32);  // (1, 1, St|1, D)
+            auto [xe, xo] = split(xs);                                            // (1, N, St, D/2)
+            value y;
+            if (output == interleave_output::interleaved) {
+              auto [ce, co] = split(c);  // positional tables: the entries at 2k and 2k+1
+              auto [se, so] = split(s);
+              value ye = sub(mul(xe, ce), mul(xo, se));
+              value yo = add(mul(xo, co), mul(xe, so));
+              y = interleave(ye, yo);  // (1, N, St, D)
+            } else {
+              const shape_t h = {1, 1, ts, half};
+              value c1 = view(c, h, {0, 0, 0, 0}), c2 = view(c, h, {0, 0, 0, half});
+              value s1 = view(s, h, {0, 0, 0, 0}), s2 = view(s, h, {0, 0, 0, half});
+              value ye = sub(mul(xe, c1), mul(xo, s1));
+              value yo = add(mul(xe, s2), mul(xo, c2));
+              y = concat({ye, yo}, -1);  // (1, N, St, D): split-half layout
+            }
+            assemble(cast(y, x_mem.type), {b, 0, s0, 0}, out);
+          });
+        });
+      },
+      {cfg.ub_bytes});
 }
 
 }  // namespace tilerope::reference

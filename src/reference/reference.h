@@ -24,10 +24,9 @@ tile::kernel_report rope_skeleton(const tensor_view& a, const tensor_view& cos,
 
 /// Vision RoPE: q, k [S, N, D]; cos, sin [S, D] (full head_dim); q and k in one kernel,
 /// fp32 inside, one cast back. Default tile: [1, N, D].
-tile::kernel_report vision_rope(const tensor_view& q, const tensor_view& k,
-                                const tensor_view& cos, const tensor_view& sin,
-                                const tensor_view& q_out, const tensor_view& k_out,
-                                const tile_config& cfg = {});
+tile::kernel_report vision_rope(const tensor_view& q, const tensor_view& k, const tensor_view& cos,
+                                const tensor_view& sin, const tensor_view& q_out,
+                                const tensor_view& k_out, const tile_config& cfg = {});
 
 /// MRoPE: q [B, Hq, S, D], k [B, Hk, S, D], cos, sin [3, B, S, D]; the section expansion
 /// (chunks of mrope_section*2 taken from plane i % 3) happens in the kernel; q and k in one

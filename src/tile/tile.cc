@@ -47,11 +47,21 @@ float cast_value(float v, dtype t, cast_mode mode) {
   const double q = static_cast<double>(v) / step;
   double r = 0;
   switch (mode) {
-    case cast_mode::round: r = std::round(q); break;
-    case cast_mode::floor: r = std::floor(q); break;
-    case cast_mode::ceil: r = std::ceil(q); break;
-    case cast_mode::trunc: r = std::trunc(q); break;
-    case cast_mode::rint: r = std::nearbyint(q); break;
+    case cast_mode::round:
+      r = std::round(q);
+      break;
+    case cast_mode::floor:
+      r = std::floor(q);
+      break;
+    case cast_mode::ceil:
+      r = std::ceil(q);
+      break;
+    case cast_mode::trunc:
+      r = std::trunc(q);
+      break;
+    case cast_mode::rint:
+      r = std::nearbyint(q);
+      break;
   }
   return round_to_type(t, static_cast<float>(r * step));  // exact: r*step is representable
 }
@@ -60,11 +70,16 @@ float cast_value(float v, dtype t, cast_mode mode) {
 
 std::string_view to_string(cast_mode m) {
   switch (m) {
-    case cast_mode::rint: return "rint";
-    case cast_mode::round: return "round";
-    case cast_mode::floor: return "floor";
-    case cast_mode::ceil: return "ceil";
-    case cast_mode::trunc: return "trunc";
+    case cast_mode::rint:
+      return "rint";
+    case cast_mode::round:
+      return "round";
+    case cast_mode::floor:
+      return "floor";
+    case cast_mode::ceil:
+      return "ceil";
+    case cast_mode::trunc:
+      return "trunc";
   }
   return "?";
 }
@@ -80,7 +95,24 @@ struct tensor_state {
   bool assembled = false;
 };
 
-enum class op_kind { leaf, slice, neg, add, sub, mul, div, add_scalar, mul_scalar, rsqrt, sum, cast, concat, gather, interleave, expand };
+enum class op_kind {
+  leaf,
+  slice,
+  neg,
+  add,
+  sub,
+  mul,
+  div,
+  add_scalar,
+  mul_scalar,
+  rsqrt,
+  sum,
+  cast,
+  concat,
+  gather,
+  interleave,
+  expand
+};
 
 struct node {
   op_kind kind = op_kind::leaf;
@@ -164,14 +196,15 @@ void check_tile_for_op(const node& n) {
   if (!c.tile) throw error("op '" + n.op + "': no tile shape set (call set_vec_tile_shapes first)");
   const shape_t& t = *c.tile;
   if (t.size() != n.shape.size()) {
-    throw error("op '" + n.op + "': tile shape " + str(t) + " has rank " + std::to_string(t.size()) +
-                " but the op's output " + str(n.shape) + " has rank " + std::to_string(n.shape.size()));
+    throw error("op '" + n.op + "': tile shape " + str(t) + " has rank " +
+                std::to_string(t.size()) + " but the op's output " + str(n.shape) + " has rank " +
+                std::to_string(n.shape.size()));
   }
   const std::size_t row_bytes = static_cast<std::size_t>(t.back()) * size_of(n.type);
   if (row_bytes % vector_alignment != 0) {
-    throw error("op '" + n.op + "': tile shape " + str(t) + " last dim (" + std::to_string(t.back()) +
-                ") * sizeof(" + std::string(to_string(n.type)) + ") = " + std::to_string(row_bytes) +
-                " bytes is not a multiple of 32 bytes");
+    throw error("op '" + n.op + "': tile shape " + str(t) + " last dim (" +
+                std::to_string(t.back()) + ") * sizeof(" + std::string(to_string(n.type)) +
+                ") = " + std::to_string(row_bytes) + " bytes is not a multiple of 32 bytes");
   }
 }
 
@@ -281,7 +314,9 @@ void load_leaf(const node& n, const region& r, float* out) {
     const unsigned char* src = n.base + (at + first * n.strides[rank - 1]) * es;
     float* dst = out + o;
     switch (n.type) {
-      case dtype::f32: std::memcpy(dst, src, static_cast<std::size_t>(count) * 4); break;
+      case dtype::f32:
+        std::memcpy(dst, src, static_cast<std::size_t>(count) * 4);
+        break;
       case dtype::f16: {
         const auto* h = reinterpret_cast<const std::uint16_t*>(src);
         for (std::int64_t j = 0; j < count; ++j) dst[j] = f16_bits_to_f32(h[j]);
@@ -342,10 +377,14 @@ void eval(const node& n, const region& r, float* out) {
       if (dry) return;
       const float* x = a.data();
       const auto s = static_cast<float>(n.scalar);
-      if (n.kind == op_kind::neg) for (std::int64_t i = 0; i < size; ++i) out[i] = -x[i];
-      if (n.kind == op_kind::rsqrt) for (std::int64_t i = 0; i < size; ++i) out[i] = 1.0f / std::sqrt(x[i]);
-      if (n.kind == op_kind::add_scalar) for (std::int64_t i = 0; i < size; ++i) out[i] = x[i] + s;
-      if (n.kind == op_kind::mul_scalar) for (std::int64_t i = 0; i < size; ++i) out[i] = x[i] * s;
+      if (n.kind == op_kind::neg)
+        for (std::int64_t i = 0; i < size; ++i) out[i] = -x[i];
+      if (n.kind == op_kind::rsqrt)
+        for (std::int64_t i = 0; i < size; ++i) out[i] = 1.0f / std::sqrt(x[i]);
+      if (n.kind == op_kind::add_scalar)
+        for (std::int64_t i = 0; i < size; ++i) out[i] = x[i] + s;
+      if (n.kind == op_kind::mul_scalar)
+        for (std::int64_t i = 0; i < size; ++i) out[i] = x[i] * s;
       return round_buffer(n.type, out, size);
     }
     case op_kind::add:
@@ -369,14 +408,22 @@ void eval(const node& n, const region& r, float* out) {
         } else {
           std::vector<std::int64_t> ia(static_cast<std::size_t>(size));
           for_each_broadcast(r, ra, [&](std::int64_t o, std::int64_t i) { ia[o] = i; });
-          for_each_broadcast(r, rb, [&](std::int64_t o, std::int64_t i) { out[o] = f(x[ia[o]], y[i]); });
+          for_each_broadcast(r, rb,
+                             [&](std::int64_t o, std::int64_t i) { out[o] = f(x[ia[o]], y[i]); });
         }
       };
       switch (n.kind) {
-        case op_kind::add: apply([](float p, float q) { return p + q; }); break;
-        case op_kind::sub: apply([](float p, float q) { return p - q; }); break;
-        case op_kind::mul: apply([](float p, float q) { return p * q; }); break;
-        default: apply([](float p, float q) { return p / q; });
+        case op_kind::add:
+          apply([](float p, float q) { return p + q; });
+          break;
+        case op_kind::sub:
+          apply([](float p, float q) { return p - q; });
+          break;
+        case op_kind::mul:
+          apply([](float p, float q) { return p * q; });
+          break;
+        default:
+          apply([](float p, float q) { return p / q; });
       }
       return round_buffer(n.type, out, size);
     }
@@ -411,7 +458,8 @@ void eval(const node& n, const region& r, float* out) {
         const std::int64_t len = part.ext[d];
         for (std::int64_t o = 0; o < outer; ++o)
           for (std::int64_t k = 0; k < len; ++k)
-            for (std::int64_t i = 0; i < inner; ++i) out[o * inner + i] += buf.data()[(o * len + k) * inner + i];
+            for (std::int64_t i = 0; i < inner; ++i)
+              out[o * inner + i] += buf.data()[(o * len + k) * inner + i];
       }
       if (!dry) round_buffer(n.type, out, size);
       return;
@@ -428,7 +476,8 @@ void eval(const node& n, const region& r, float* out) {
       std::int64_t start = 0;
       for (const auto& part : n.in) {
         const std::int64_t len = part->shape[d];
-        const std::int64_t lo = std::max(start, r.off[d]), hi = std::min(start + len, r.off[d] + r.ext[d]);
+        const std::int64_t lo = std::max(start, r.off[d]),
+                           hi = std::min(start + len, r.off[d] + r.ext[d]);
         if (lo < hi) {
           region pr = r;
           pr.off[d] = lo - start;
@@ -558,7 +607,8 @@ int normalize_dim(const char* op, int dim, std::size_t rank) {
 
 // ---- the API -------------------------------------------------------------------------------
 
-tensor::tensor(std::string name, const tensor_view& memory) : state(std::make_shared<tensor_state>()) {
+tensor::tensor(std::string name, const tensor_view& memory)
+    : state(std::make_shared<tensor_state>()) {
   if (memory.rank < 1 || memory.rank > max_tile_rank) {
     throw error("tile tensor '" + name + "' must have rank 1..4, got " + memory.shape_string());
   }
@@ -567,9 +617,11 @@ tensor::tensor(std::string name, const tensor_view& memory) : state(std::make_sh
                 ") must be f32, f16 or bf16");
   }
   if (memory.strides[memory.rank - 1] != 1 && memory.shape[memory.rank - 1] > 1) {
-    throw error("tile tensor '" + name + "' last dim must be contiguous, strides " + memory.strides_string());
+    throw error("tile tensor '" + name + "' last dim must be contiguous, strides " +
+                memory.strides_string());
   }
-  if (memory.data == nullptr && memory.numel() > 0) throw error("tile tensor '" + name + "' has null data");
+  if (memory.data == nullptr && memory.numel() > 0)
+    throw error("tile tensor '" + name + "' has null data");
   state->name = std::move(name);
   state->memory = memory;
   state->shape.assign(memory.shape.begin(), memory.shape.begin() + memory.rank);
@@ -587,13 +639,16 @@ void check_window(const std::string& what, const shape_t& source, const shape_t&
                   const shape_t& offsets, const shape_t& valid) {
   const std::string desc = what + " with shape " + str(shape) + " at offsets " + str(offsets) +
                            " (valid " + str(valid) + ") of " + str(source);
-  if (shape.size() != source.size() || offsets.size() != source.size() || valid.size() != source.size()) {
+  if (shape.size() != source.size() || offsets.size() != source.size() ||
+      valid.size() != source.size()) {
     throw error(desc + ": ranks differ");
   }
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] <= 0) throw error(desc + ": dims must be > 0");
-    if (valid[i] < 0 || valid[i] > shape[i]) throw error(desc + ": valid_shape must lie in [0, shape]");
-    if (offsets[i] < 0 || offsets[i] + valid[i] > source[i]) throw error(desc + " is out of bounds");
+    if (valid[i] < 0 || valid[i] > shape[i])
+      throw error(desc + ": valid_shape must lie in [0, shape]");
+    if (offsets[i] < 0 || offsets[i] + valid[i] > source[i])
+      throw error(desc + " is out of bounds");
   }
 }
 }  // namespace
@@ -604,12 +659,15 @@ value view(const tensor& t, const shape_t& shape, const shape_t& offsets,
   if (!t.state) throw error("view: the tensor is empty");
   tensor_state& s = *t.state;
   if (s.role == tensor_state::role::unregistered) {
-    throw error("view of '" + s.name + "': the tensor is not an input or output of kernel '" + c.name + "'");
+    throw error("view of '" + s.name + "': the tensor is not an input or output of kernel '" +
+                c.name + "'");
   }
   if (s.role == tensor_state::role::output) {
-    throw error(s.assembled ? "view of output '" + s.name + "' after assembling into it: viewing and "
+    throw error(s.assembled ? "view of output '" + s.name +
+                                  "' after assembling into it: viewing and "
                                   "assembling one tensor in a kernel is a cycle"
-                            : "view of output '" + s.name + "': reading a kernel output before it is written");
+                            : "view of output '" + s.name +
+                                  "': reading a kernel output before it is written");
   }
   const shape_t valid = valid_shape.value_or(shape);
   check_window("view of '" + s.name + "'", s.shape, shape, offsets, valid);
@@ -624,7 +682,8 @@ value view(const tensor& t, const shape_t& shape, const shape_t& offsets,
   n->strides.assign(s.memory.strides.begin(), s.memory.strides.begin() + s.memory.rank);
   std::int64_t at = 0;
   for (std::size_t i = 0; i < offsets.size(); ++i) at += offsets[i] * n->strides[i];
-  n->base = static_cast<const unsigned char*>(s.memory.data) + at * static_cast<std::int64_t>(size_of(n->type));
+  n->base = static_cast<const unsigned char*>(s.memory.data) +
+            at * static_cast<std::int64_t>(size_of(n->type));
   return value(n);
 }
 
@@ -707,7 +766,9 @@ void assemble(const value& src, const shape_t& offsets, tensor& out) {
         unsigned char* dst = static_cast<unsigned char*>(s.memory.data) + at * es;
         const float* from = buf.data() + o;
         switch (s.memory.type) {
-          case dtype::f32: std::memcpy(dst, from, static_cast<std::size_t>(inner) * 4); break;
+          case dtype::f32:
+            std::memcpy(dst, from, static_cast<std::size_t>(inner) * 4);
+            break;
           case dtype::f16: {
             auto* h = reinterpret_cast<std::uint16_t*>(dst);
             for (std::int64_t j = 0; j < inner; ++j) h[j] = f32_to_f16_bits(from[j]);
@@ -759,7 +820,9 @@ value sum(const value& x, int dim, bool keepdim) {
 
 value cast(const value& x, dtype to, cast_mode mode) {
   const auto& xn = need(x, "cast");
-  if (!is_floating(to)) throw error("op 'cast': target dtype " + std::string(to_string(to)) + " is not f32, f16 or bf16");
+  if (!is_floating(to))
+    throw error("op 'cast': target dtype " + std::string(to_string(to)) +
+                " is not f32, f16 or bf16");
   auto n = make_op(op_kind::cast, "cast", to, xn->shape, xn->valid, {xn});
   n->mode = mode;
   return value(n);
@@ -779,8 +842,9 @@ value concat(const std::vector<value>& xs, int dim) {
   for (std::size_t k = 0; k < xs.size(); ++k) {
     const auto& x = need(xs[k], "concat");
     if (x->type != first->type) {
-      throw error("op 'concat': input " + std::to_string(k) + " is " + std::string(to_string(x->type)) +
-                  ", input 0 is " + std::string(to_string(first->type)));
+      throw error("op 'concat': input " + std::to_string(k) + " is " +
+                  std::string(to_string(x->type)) + ", input 0 is " +
+                  std::string(to_string(first->type)));
     }
     if (x->shape.size() != first->shape.size()) {
       throw error("op 'concat': input " + std::to_string(k) + " " + str(x->shape) +
@@ -788,16 +852,16 @@ value concat(const std::vector<value>& xs, int dim) {
     }
     for (std::size_t i = 0; i < x->shape.size(); ++i) {
       if (static_cast<int>(i) != d && x->shape[i] != first->shape[i]) {
-        throw error("op 'concat': input " + std::to_string(k) + " " + str(x->shape) + " and input 0 " +
-                    str(first->shape) + " differ in dim " + std::to_string(i) + " (not the concat dim " +
-                    std::to_string(d) + ")");
+        throw error("op 'concat': input " + std::to_string(k) + " " + str(x->shape) +
+                    " and input 0 " + str(first->shape) + " differ in dim " + std::to_string(i) +
+                    " (not the concat dim " + std::to_string(d) + ")");
       }
       if (static_cast<int>(i) != d) valid[i] = std::min(valid[i], x->valid[i]);
     }
     if (x->valid[d] != x->shape[d]) {
-      throw error("op 'concat': input " + std::to_string(k) + " is valid for " + std::to_string(x->valid[d]) +
-                  " of " + std::to_string(x->shape[d]) + " along the concat dim " + std::to_string(d) +
-                  "; it must be fully valid");
+      throw error("op 'concat': input " + std::to_string(k) + " is valid for " +
+                  std::to_string(x->valid[d]) + " of " + std::to_string(x->shape[d]) +
+                  " along the concat dim " + std::to_string(d) + "; it must be fully valid");
     }
     shape[d] += x->shape[d];
     valid[d] += x->shape[d];
@@ -812,7 +876,8 @@ namespace {
 value gather(const value& x, int parity, const char* op) {
   const auto& xn = need(x, op);
   if (xn->shape.back() % 2 != 0) {
-    throw error(std::string("op '") + op + "': last dim " + std::to_string(xn->shape.back()) + " must be even");
+    throw error(std::string("op '") + op + "': last dim " + std::to_string(xn->shape.back()) +
+                " must be even");
   }
   shape_t shape = xn->shape, valid = xn->valid;
   shape.back() /= 2;
@@ -831,8 +896,9 @@ value interleave(const value& even, const value& odd) {
   const auto& a = need(even, "interleave");
   const auto& b = need(odd, "interleave");
   if (a->shape != b->shape || a->type != b->type) {
-    throw error("op 'interleave': inputs " + str(a->shape) + " " + std::string(to_string(a->type)) + " and " +
-                str(b->shape) + " " + std::string(to_string(b->type)) + " must match in shape and dtype");
+    throw error("op 'interleave': inputs " + str(a->shape) + " " + std::string(to_string(a->type)) +
+                " and " + str(b->shape) + " " + std::string(to_string(b->type)) +
+                " must match in shape and dtype");
   }
   shape_t shape = a->shape, valid = a->valid;
   shape.back() *= 2;
@@ -842,14 +908,16 @@ value interleave(const value& even, const value& odd) {
 }
 
 value gathermask(const value& x, int mode) {
-  if (mode != 1 && mode != 2) throw error("op 'gathermask': mode " + std::to_string(mode) + " is not 1 (even) or 2 (odd)");
+  if (mode != 1 && mode != 2)
+    throw error("op 'gathermask': mode " + std::to_string(mode) + " is not 1 (even) or 2 (odd)");
   return gather(x, mode - 1, "gathermask");
 }
 
 value expand_clone(const value& x, const shape_t& shape) {
   const auto& xn = need(x, "expand_clone");
   const shape_t b = broadcast_shapes("expand_clone", xn->shape, shape);
-  if (b != shape) throw error("op 'expand_clone': " + str(xn->shape) + " does not expand to " + str(shape));
+  if (b != shape)
+    throw error("op 'expand_clone': " + str(xn->shape) + " does not expand to " + str(shape));
   shape_t valid = shape;
   const std::size_t lead = shape.size() - xn->shape.size();
   for (std::size_t i = 0; i < xn->shape.size(); ++i) {
@@ -873,7 +941,8 @@ value reshape(const value& x, const shape_t& shape) {
     expect *= xn->shape[i];
   }
   if (!contiguous) {
-    throw error("op 'reshape': " + str(xn->shape) + " must be a fully valid view of contiguous memory");
+    throw error("op 'reshape': " + str(xn->shape) +
+                " must be a fully valid view of contiguous memory");
   }
   auto n = std::make_shared<node>(*xn);
   n->shape = shape;
@@ -886,7 +955,8 @@ value reshape(const value& x, const shape_t& shape) {
 void set_vec_tile_shapes(const shape_t& dims) {
   kernel_context& c = ctx("set_vec_tile_shapes");
   if (dims.empty() || dims.size() > static_cast<std::size_t>(max_tile_rank)) {
-    throw error("set_vec_tile_shapes" + str(dims) + ": a tile has 1..4 dims, got " + std::to_string(dims.size()));
+    throw error("set_vec_tile_shapes" + str(dims) + ": a tile has 1..4 dims, got " +
+                std::to_string(dims.size()));
   }
   for (auto d : dims) {
     if (d <= 0) throw error("set_vec_tile_shapes" + str(dims) + ": every dim must be > 0");
@@ -916,14 +986,16 @@ std::vector<loop_chunk> loop_chunks(std::int64_t start, std::int64_t stop, std::
 }
 
 void loop(std::int64_t start, std::int64_t stop, std::int64_t step, std::string_view name,
-          const std::vector<std::int64_t>& unroll_list, const std::function<void(std::int64_t)>& body) {
+          const std::vector<std::int64_t>& unroll_list,
+          const std::function<void(std::int64_t)>& body) {
   kernel_context& c = ctx("loop");
   if (!c.unrolled_loops.empty()) {
     throw error("loop '" + std::string(name) + "' is nested in loop '" + c.unrolled_loops.back() +
                 "', which is unrolled: only the innermost loop may be unrolled");
   }
   const auto chunks = loop_chunks(start, stop, step, unroll_list);
-  const bool unrolled = std::any_of(unroll_list.begin(), unroll_list.end(), [](auto f) { return f > 1; });
+  const bool unrolled =
+      std::any_of(unroll_list.begin(), unroll_list.end(), [](auto f) { return f > 1; });
   if (unrolled) c.unrolled_loops.emplace_back(name);
   struct pop {
     kernel_context& c;
@@ -941,9 +1013,11 @@ void loop(std::int64_t start, std::int64_t stop, std::int64_t step, std::string_
 kernel_report run_kernel(std::string_view name, const std::vector<tensor>& inputs,
                          const std::vector<tensor>& outputs, const std::function<void()>& body,
                          const kernel_options& options) {
-  if (current != nullptr) throw error("run_kernel '" + std::string(name) + "': kernels do not nest");
+  if (current != nullptr)
+    throw error("run_kernel '" + std::string(name) + "': kernels do not nest");
   if (options.ub_bytes < vector_alignment) {
-    throw error("kernel '" + std::string(name) + "': UB of " + std::to_string(options.ub_bytes) + " bytes is too small");
+    throw error("kernel '" + std::string(name) + "': UB of " + std::to_string(options.ub_bytes) +
+                " bytes is too small");
   }
   kernel_report report;
   kernel_context c;

@@ -4,9 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "golden/golden.h"
 #include "tilerope/error.h"
@@ -16,9 +15,12 @@ namespace tilerope::cli {
 
 std::string_view to_string(x_layout l) {
   switch (l) {
-    case x_layout::thd: return "thd";
-    case x_layout::bshd: return "bshd";
-    case x_layout::bhsd: return "bhsd";
+    case x_layout::thd:
+      return "thd";
+    case x_layout::bshd:
+      return "bshd";
+    case x_layout::bhsd:
+      return "bhsd";
   }
   return "?";
 }
@@ -61,9 +63,8 @@ x_buffer make_buffer(const rope_case& c, std::int64_t total_heads) {
   const std::int64_t b = c.layout == x_layout::thd ? 1 : c.batch;
   x_buffer buf;
   buf.total_heads = total_heads;
-  buf.data.assign(static_cast<std::size_t>(b * c.tokens * total_heads * c.head_dim) *
-                      size_of(c.x_type),
-                  0);
+  buf.data.assign(
+      static_cast<std::size_t>(b * c.tokens * total_heads * c.head_dim) * size_of(c.x_type), 0);
   return buf;
 }
 
@@ -104,7 +105,8 @@ void compare(const std::vector<double>& got, const std::vector<double>& want, ca
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(got[i] - want[i]);
     if (std::isnan(got[i]) || std::isnan(err)) {
-      if (r.problem.empty()) r.problem = std::string(what) + " element " + std::to_string(i) + " is NaN";
+      if (r.problem.empty())
+        r.problem = std::string(what) + " element " + std::to_string(i) + " is NaN";
       r.pass = false;
       continue;
     }
@@ -142,8 +144,10 @@ std::string shape_of(const rope_case& c) {
   const std::string tok = c.layout == x_layout::thd
                               ? std::to_string(c.tokens)
                               : std::to_string(c.batch) + "," + std::to_string(c.tokens);
-  std::string s = "q[" + tok + "," + std::to_string(c.q_heads) + "," + std::to_string(c.head_dim) + "]";
-  if (c.k_heads) s += " k[" + tok + "," + std::to_string(c.k_heads) + "," + std::to_string(c.head_dim) + "]";
+  std::string s =
+      "q[" + tok + "," + std::to_string(c.q_heads) + "," + std::to_string(c.head_dim) + "]";
+  if (c.k_heads)
+    s += " k[" + tok + "," + std::to_string(c.k_heads) + "," + std::to_string(c.head_dim) + "]";
   if (c.rotary_dim && c.rotary_dim != c.head_dim) s += " r=" + std::to_string(c.rotary_dim);
   return s;
 }
@@ -166,7 +170,8 @@ case_result run_case(const rope_case& c) {
   }
   for (auto& b : in) fill_normal(b, c.x_type, rng);
   q = head_view(c, in[0], 0, c.q_heads);
-  if (c.k_heads) k = c.packed ? head_view(c, in[0], c.q_heads, c.k_heads) : head_view(c, in[1], 0, c.k_heads);
+  if (c.k_heads)
+    k = c.packed ? head_view(c, in[0], c.q_heads, c.k_heads) : head_view(c, in[1], 0, c.k_heads);
   std::vector<bytes> before;
   for (auto& b : in) before.push_back(b.data);
 
@@ -177,7 +182,8 @@ case_result run_case(const rope_case& c) {
     for (auto& b : out) std::fill(b.data.begin(), b.data.end(), 0xff);
     q_out = head_view(c, out[0], 0, c.q_heads);
     if (c.k_heads) {
-      k_out = c.packed ? head_view(c, out[0], c.q_heads, c.k_heads) : head_view(c, out[1], 0, c.k_heads);
+      k_out = c.packed ? head_view(c, out[0], c.q_heads, c.k_heads)
+                       : head_view(c, out[1], 0, c.k_heads);
     }
   }
 
@@ -218,8 +224,10 @@ case_result run_case(const rope_case& c) {
     const std::int64_t half = rotary / 2;
     for (std::int64_t p : pos) {
       for (std::int64_t i = 0; i < half; ++i) {
-        gcos.push_back(load_as_f64(table.cos.data(), table.cos.type(), static_cast<std::size_t>(p * half + i)));
-        gsin.push_back(load_as_f64(table.sin.data(), table.sin.type(), static_cast<std::size_t>(p * half + i)));
+        gcos.push_back(load_as_f64(table.cos.data(), table.cos.type(),
+                                   static_cast<std::size_t>(p * half + i)));
+        gsin.push_back(load_as_f64(table.sin.data(), table.sin.type(),
+                                   static_cast<std::size_t>(p * half + i)));
       }
     }
   } else {
@@ -268,11 +276,14 @@ case_result run_case(const rope_case& c) {
     const x_buffer& written = c.inplace ? in[0] : out[0];
     x_buffer v_copy = in[0];
     v_copy.data = before[0];
-    const tensor_view v_now = head_view(c, const_cast<x_buffer&>(written), c.q_heads + c.k_heads, c.k_heads);
+    const tensor_view v_now =
+        head_view(c, const_cast<x_buffer&>(written), c.q_heads + c.k_heads, c.k_heads);
     const tensor_view v_was = head_view(c, v_copy, c.q_heads + c.k_heads, c.k_heads);
     const auto a = gather(c, v_now, written.data.data(), written.data.data());
     const auto b = gather(c, v_was, v_copy.data.data(), v_copy.data.data());
-    const bool v_same = c.inplace ? a == b : std::all_of(a.begin(), a.end(), [](double d) { return std::isnan(d); });
+    const bool v_same =
+        c.inplace ? a == b
+                  : std::all_of(a.begin(), a.end(), [](double d) { return std::isnan(d); });
     if (!v_same) r.pass = false, r.problem = "v (not an operand) was written";
   }
   return r;
@@ -300,9 +311,9 @@ std::vector<rope_case> builtin_cases() {
   for (rope_style s : styles) {
     for (dtype t : types) {
       for (std::int64_t d : {64, 80, 96, 128, 256}) {
-        rope_case c = make(std::string(to_string(s)) + "-" + std::string(to_string(t)) + "-d" +
-                               std::to_string(d),
-                           s, t, d, 5 + (d % 7));
+        rope_case c = make(
+            std::string(to_string(s)) + "-" + std::string(to_string(t)) + "-d" + std::to_string(d),
+            s, t, d, 5 + (d % 7));
         c.inplace = (d / 16) % 2 == 0;
         c.seed = seed++;
         cases.push_back(c);
@@ -398,30 +409,54 @@ rope_case case_from_json(const nlohmann::json& j) {
   c.name = j.value("name", std::string("unnamed"));
   for (const auto& [key, v] : j.items()) {
     try {
-      if (key == "name") continue;
-      else if (key == "style") c.style = rope_style_from_string(v.get<std::string>());
-      else if (key == "dtype") c.x_type = dtype_from_string(v.get<std::string>());
-      else if (key == "layout") c.layout = x_layout_from_string(v.get<std::string>());
-      else if (key == "batch") c.batch = v.get<std::int64_t>();
-      else if (key == "tokens") c.tokens = v.get<std::int64_t>();
-      else if (key == "q_heads") c.q_heads = v.get<std::int64_t>();
-      else if (key == "k_heads") c.k_heads = v.get<std::int64_t>();
-      else if (key == "head_dim") c.head_dim = v.get<std::int64_t>();
-      else if (key == "rotary_dim") c.rotary_dim = v.get<int>();
-      else if (key == "packed") c.packed = v.get<bool>();
-      else if (key == "inplace") c.inplace = v.get<bool>();
-      else if (key == "backward") c.backward = v.get<bool>();
-      else if (key == "positions") c.positions = v.get<std::string>();
-      else if (key == "shared_positions") c.shared_positions = v.get<bool>();
-      else if (key == "offset") c.offset = v.get<std::int64_t>();
-      else if (key == "max_pos") c.max_pos = v.get<std::int64_t>();
-      else if (key == "table") c.table = v.get<std::string>();
-      else if (key == "precision") c.precision = angle_precision_from_string(v.get<std::string>());
-      else if (key == "theta") c.theta = v.get<double>();
-      else if (key == "seed") c.seed = v.get<std::uint64_t>();
-      else if (key == "atol") c.atol = v.get<double>();
-      else if (key == "rtol") c.rtol = v.get<double>();
-      else throw error("unknown key");
+      if (key == "name")
+        continue;
+      else if (key == "style")
+        c.style = rope_style_from_string(v.get<std::string>());
+      else if (key == "dtype")
+        c.x_type = dtype_from_string(v.get<std::string>());
+      else if (key == "layout")
+        c.layout = x_layout_from_string(v.get<std::string>());
+      else if (key == "batch")
+        c.batch = v.get<std::int64_t>();
+      else if (key == "tokens")
+        c.tokens = v.get<std::int64_t>();
+      else if (key == "q_heads")
+        c.q_heads = v.get<std::int64_t>();
+      else if (key == "k_heads")
+        c.k_heads = v.get<std::int64_t>();
+      else if (key == "head_dim")
+        c.head_dim = v.get<std::int64_t>();
+      else if (key == "rotary_dim")
+        c.rotary_dim = v.get<int>();
+      else if (key == "packed")
+        c.packed = v.get<bool>();
+      else if (key == "inplace")
+        c.inplace = v.get<bool>();
+      else if (key == "backward")
+        c.backward = v.get<bool>();
+      else if (key == "positions")
+        c.positions = v.get<std::string>();
+      else if (key == "shared_positions")
+        c.shared_positions = v.get<bool>();
+      else if (key == "offset")
+        c.offset = v.get<std::int64_t>();
+      else if (key == "max_pos")
+        c.max_pos = v.get<std::int64_t>();
+      else if (key == "table")
+        c.table = v.get<std::string>();
+      else if (key == "precision")
+        c.precision = angle_precision_from_string(v.get<std::string>());
+      else if (key == "theta")
+        c.theta = v.get<double>();
+      else if (key == "seed")
+        c.seed = v.get<std::uint64_t>();
+      else if (key == "atol")
+        c.atol = v.get<double>();
+      else if (key == "rtol")
+        c.rtol = v.get<double>();
+      else
+        throw error("unknown key");
     } catch (const nlohmann::json::exception& e) {
       throw error("case '" + c.name + "': key '" + key + "' has a bad value " + v.dump());
     } catch (const error& e) {
@@ -441,7 +476,8 @@ std::vector<rope_case> cases_from_file(const std::string& path) {
     throw error("case file '" + path + "' is not valid JSON: " + e.what());
   }
   if (j.is_object() && j.contains("cases")) j = j["cases"];
-  if (!j.is_array()) throw error("case file '" + path + "' must hold a list of cases or {\"cases\": [...]}");
+  if (!j.is_array())
+    throw error("case file '" + path + "' must hold a list of cases or {\"cases\": [...]}");
   std::vector<rope_case> cases;
   for (const auto& item : j) cases.push_back(case_from_json(item));
   return cases;

@@ -3,11 +3,10 @@
 // fp64 golden. `tilerope check` and the kernel tests run the same cases.
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "tilerope/rope.h"
 
@@ -27,8 +26,8 @@ struct rope_case {
   std::int64_t q_heads = 4;
   std::int64_t k_heads = 2;  // 0: q only
   std::int64_t head_dim = 64;
-  int rotary_dim = 0;        // 0: head_dim
-  bool packed = false;       // q and k cut from one [.., Hq + 2 Hk, D] qkv buffer
+  int rotary_dim = 0;   // 0: head_dim
+  bool packed = false;  // q and k cut from one [.., Hq + 2 Hk, D] qkv buffer
   bool inplace = true;
   bool backward = false;
   std::string positions = "i64";  // i32 | i64 | offset

@@ -2,10 +2,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cases.h"
 #include "ref_cases.h"
@@ -49,7 +48,8 @@ row run_one(const ref_case& c) {
     r.rtol = res.rtol;
     r.pass = res.pass;
     char note[96];
-    std::snprintf(note, sizeof note, "ub %zu/%zu", res.report.peak_ub_bytes, res.report.ub_budget_bytes);
+    std::snprintf(note, sizeof note, "ub %zu/%zu", res.report.peak_ub_bytes,
+                  res.report.ub_budget_bytes);
     r.note = note;
     if (res.prod_max_abs_err) {
       std::snprintf(note, sizeof note, " prod %.3e", *res.prod_max_abs_err);
@@ -91,8 +91,10 @@ std::vector<ref_case> builtin_ref_cases() {
   q.seq = 7, q.heads = 16;
   q.atol = q.rtol = 1e-2;
   add(q);
-  for (auto out : {reference::interleave_output::interleaved, reference::interleave_output::split_half}) {
-    for (auto path : {reference::interleave_path::deinterleave, reference::interleave_path::gathermask}) {
+  for (auto out :
+       {reference::interleave_output::interleaved, reference::interleave_output::split_half}) {
+    for (auto path :
+         {reference::interleave_path::deinterleave, reference::interleave_path::gathermask}) {
       ref_case i;
       i.kernel = ref_kernel::interleave;
       i.x_type = dtype::bf16;
@@ -110,9 +112,10 @@ std::vector<ref_case> builtin_ref_cases() {
 
 void add_check_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand(
-      "check", "Run the built-in cases (and CASES.json files) through the fp64 golden, the "
-               "production kernels and the tile-layer reference kernels; one row per case; exit 0 "
-               "only if all pass");
+      "check",
+      "Run the built-in cases (and CASES.json files) through the fp64 golden, the "
+      "production kernels and the tile-layer reference kernels; one row per case; exit 0 "
+      "only if all pass");
   auto files = std::make_shared<std::vector<std::string>>();
   auto no_builtin = std::make_shared<bool>(false);
   cmd->add_option("cases", *files,
@@ -136,11 +139,15 @@ void add_check_command(CLI::App& app, int& exit_code) {
         throw error("case file '" + f + "' is not valid JSON: " + e.what());
       }
       if (j.is_object() && j.contains("cases")) j = j["cases"];
-      if (!j.is_array()) throw error("case file '" + f + "' must hold a list of cases or {\"cases\": [...]}");
+      if (!j.is_array())
+        throw error("case file '" + f + "' must hold a list of cases or {\"cases\": [...]}");
       for (const auto& item : j) {
-        if (!item.is_object()) throw error("case file '" + f + "': a case must be an object, got " + item.dump());
-        if (item.contains("kernel")) ref_cases.push_back(ref_case_from_json(item));
-        else rope_cases.push_back(case_from_json(item));
+        if (!item.is_object())
+          throw error("case file '" + f + "': a case must be an object, got " + item.dump());
+        if (item.contains("kernel"))
+          ref_cases.push_back(ref_case_from_json(item));
+        else
+          rope_cases.push_back(case_from_json(item));
       }
     }
     std::printf("tilerope check: cpu target %s, %d threads\n", cpu_target().c_str(), num_threads());
@@ -150,9 +157,9 @@ void add_check_command(CLI::App& app, int& exit_code) {
     auto print = [&](const row& r) {
       char tol[64];
       std::snprintf(tol, sizeof tol, "%.1e/%.1e", r.atol, r.rtol);
-      std::printf("%-40s %-22s %-5s %-34s %10.3e %10.3e %17s  %s%s%s\n", r.name.c_str(), r.variant.c_str(),
-                  r.dtype.c_str(), r.shape.c_str(), r.max_abs, r.max_rel, tol, r.pass ? "PASS" : "FAIL",
-                  r.note.empty() ? "" : "  ", r.note.c_str());
+      std::printf("%-40s %-22s %-5s %-34s %10.3e %10.3e %17s  %s%s%s\n", r.name.c_str(),
+                  r.variant.c_str(), r.dtype.c_str(), r.shape.c_str(), r.max_abs, r.max_rel, tol,
+                  r.pass ? "PASS" : "FAIL", r.note.empty() ? "" : "  ", r.note.c_str());
       std::fflush(stdout);
       (r.pass ? passed : failed)++;
     };

@@ -1,10 +1,9 @@
 // tilerope: the command-line program. Subcommands: check, apply, run, info.
 // Every error prints "tilerope: error: <message>" and exits 2.
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "apply.h"
 #include "check.h"

@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "golden/golden.h"
 #include "tilerope/error.h"
@@ -15,8 +14,10 @@ namespace tilerope::cli {
 
 namespace {
 constexpr std::pair<ref_kernel, const char*> kernel_names[] = {
-    {ref_kernel::skeleton, "skeleton"},         {ref_kernel::vision, "vision"},
-    {ref_kernel::mrope, "mrope"},               {ref_kernel::qk_norm_rope, "qk-norm-rope"},
+    {ref_kernel::skeleton, "skeleton"},
+    {ref_kernel::vision, "vision"},
+    {ref_kernel::mrope, "mrope"},
+    {ref_kernel::qk_norm_rope, "qk-norm-rope"},
     {ref_kernel::interleave, "interleave"}};
 }  // namespace
 
@@ -116,7 +117,8 @@ std::string dims(std::initializer_list<std::int64_t> d) {
 
 ref_result run_ref_case(const ref_case& c) {
   if (!is_floating(c.x_type)) throw error("case '" + c.name + "': dtype must be f32, f16 or bf16");
-  if (c.batch < 1 || c.seq < 1 || c.heads < 1 || c.k_heads < 1 || c.head_dim < 2 || c.head_dim % 2) {
+  if (c.batch < 1 || c.seq < 1 || c.heads < 1 || c.k_heads < 1 || c.head_dim < 2 ||
+      c.head_dim % 2) {
     throw error("case '" + c.name + "': batch, seq, heads, k_heads must be >= 1, head_dim even");
   }
   rng_t rng(c.seed);
@@ -146,7 +148,8 @@ ref_result run_ref_case(const ref_case& c) {
       r.report = reference::rope_skeleton(a, cos, sin, out, c.tiles);
       const auto x = to_f64(a), cv = to_f64(cos), sv = to_f64(sin);
       std::vector<const double*> cr, sr;
-      for (std::int64_t i = 0; i < B * S; ++i) cr.push_back(cv.data() + i * D), sr.push_back(sv.data() + i * D);
+      for (std::int64_t i = 0; i < B * S; ++i)
+        cr.push_back(cv.data() + i * D), sr.push_back(sv.data() + i * D);
       std::vector<double> want(x.size());
       golden::rope_full(B * S, D, x.data(), cr, sr, want.data());
       check(out, want);
@@ -157,7 +160,8 @@ ref_result run_ref_case(const ref_case& c) {
       rope_tensors xt;
       xt.q = tensor_view(a.data(), t, {B, S, 1, D}, {S * D, D, D, 1});
       xt.q_out = tensor_view(prod.data(), t, {B, S, 1, D}, {S * D, D, D, 1});
-      rope_apply(rope_style::neox, xt, rope_positions::from_ids(ids), rope_angles::from_table(hc, hs));
+      rope_apply(rope_style::neox, xt, rope_positions::from_ids(ids),
+                 rope_angles::from_table(hc, hs));
       check_prod(prod, want);
       break;
     }
@@ -178,12 +182,14 @@ ref_result run_ref_case(const ref_case& c) {
       xt.q_out = qp.view();
       xt.k_out = kp.view();
       const tensor hc = half_table(cos), hs = half_table(sin);
-      rope_apply(rope_style::neox, xt, rope_positions::from_offset(0), rope_angles::from_table(hc, hs));
+      rope_apply(rope_style::neox, xt, rope_positions::from_offset(0),
+                 rope_angles::from_table(hc, hs));
       for (auto [in, out, prod, H] : {std::tuple{&q, &qo, &qp, N}, std::tuple{&k, &ko, &kp, K}}) {
         const auto x = to_f64(*in);
         std::vector<const double*> cr, sr;
         for (std::int64_t s = 0; s < S; ++s)
-          for (std::int64_t h = 0; h < H; ++h) cr.push_back(cv.data() + s * D), sr.push_back(sv.data() + s * D);
+          for (std::int64_t h = 0; h < H; ++h)
+            cr.push_back(cv.data() + s * D), sr.push_back(sv.data() + s * D);
         std::vector<double> want(x.size());
         golden::rope_full(S * H, D, x.data(), cr, sr, want.data());
         check(*out, want);
@@ -219,7 +225,8 @@ ref_result run_ref_case(const ref_case& c) {
         std::vector<const double*> cr, sr;
         for (std::int64_t b = 0; b < B; ++b)
           for (std::int64_t h = 0; h < H; ++h)
-            for (std::int64_t s = 0; s < S; ++s) cr.push_back(ct.data() + (b * S + s) * D), sr.push_back(st.data() + (b * S + s) * D);
+            for (std::int64_t s = 0; s < S; ++s)
+              cr.push_back(ct.data() + (b * S + s) * D), sr.push_back(st.data() + (b * S + s) * D);
         std::vector<double> want(x.size());
         golden::rope_full(B * H * S, D, x.data(), cr, sr, want.data());
         check(*out, want);
@@ -239,7 +246,8 @@ ref_result run_ref_case(const ref_case& c) {
       golden::rms_norm(S * N, D, xv.data(), wv.data(), c.eps, h.data());
       std::vector<const double*> cr, sr;
       for (std::int64_t s = 0; s < S; ++s)
-        for (std::int64_t n = 0; n < N; ++n) cr.push_back(cv.data() + s * D), sr.push_back(sv.data() + s * D);
+        for (std::int64_t n = 0; n < N; ++n)
+          cr.push_back(cv.data() + s * D), sr.push_back(sv.data() + s * D);
       golden::rope_full(S * N, D, h.data(), cr, sr, want.data());
       check(out, want);
       break;
@@ -276,31 +284,52 @@ ref_case ref_case_from_json(const nlohmann::json& j) {
   c.name = j.value("name", std::string("unnamed"));
   for (const auto& [key, v] : j.items()) {
     try {
-      if (key == "name") continue;
-      else if (key == "kernel") c.kernel = ref_kernel_from_string(v.get<std::string>());
-      else if (key == "dtype") c.x_type = dtype_from_string(v.get<std::string>());
-      else if (key == "batch") c.batch = v.get<std::int64_t>();
-      else if (key == "seq") c.seq = v.get<std::int64_t>();
-      else if (key == "heads") c.heads = v.get<std::int64_t>();
-      else if (key == "k_heads") c.k_heads = v.get<std::int64_t>();
-      else if (key == "head_dim") c.head_dim = v.get<std::int64_t>();
-      else if (key == "section") c.section = v.get<std::array<int, 3>>();
-      else if (key == "table_seq1") c.table_seq1 = v.get<bool>();
+      if (key == "name")
+        continue;
+      else if (key == "kernel")
+        c.kernel = ref_kernel_from_string(v.get<std::string>());
+      else if (key == "dtype")
+        c.x_type = dtype_from_string(v.get<std::string>());
+      else if (key == "batch")
+        c.batch = v.get<std::int64_t>();
+      else if (key == "seq")
+        c.seq = v.get<std::int64_t>();
+      else if (key == "heads")
+        c.heads = v.get<std::int64_t>();
+      else if (key == "k_heads")
+        c.k_heads = v.get<std::int64_t>();
+      else if (key == "head_dim")
+        c.head_dim = v.get<std::int64_t>();
+      else if (key == "section")
+        c.section = v.get<std::array<int, 3>>();
+      else if (key == "table_seq1")
+        c.table_seq1 = v.get<bool>();
       else if (key == "output") {
         const auto o = v.get<std::string>();
-        if (o != "interleaved" && o != "split-half") throw error("output must be interleaved or split-half");
-        c.output = o == "interleaved" ? reference::interleave_output::interleaved : reference::interleave_output::split_half;
+        if (o != "interleaved" && o != "split-half")
+          throw error("output must be interleaved or split-half");
+        c.output = o == "interleaved" ? reference::interleave_output::interleaved
+                                      : reference::interleave_output::split_half;
       } else if (key == "path") {
         const auto p = v.get<std::string>();
-        if (p != "deinterleave" && p != "gathermask") throw error("path must be deinterleave or gathermask");
-        c.path = p == "deinterleave" ? reference::interleave_path::deinterleave : reference::interleave_path::gathermask;
-      } else if (key == "eps") c.eps = v.get<double>();
-      else if (key == "seed") c.seed = v.get<std::uint64_t>();
-      else if (key == "atol") c.atol = v.get<double>();
-      else if (key == "rtol") c.rtol = v.get<double>();
-      else if (key == "tile") c.tiles.tile = v.get<std::vector<std::int64_t>>();
-      else if (key == "ub_bytes") c.tiles.ub_bytes = v.get<std::size_t>();
-      else throw error("unknown key");
+        if (p != "deinterleave" && p != "gathermask")
+          throw error("path must be deinterleave or gathermask");
+        c.path = p == "deinterleave" ? reference::interleave_path::deinterleave
+                                     : reference::interleave_path::gathermask;
+      } else if (key == "eps")
+        c.eps = v.get<double>();
+      else if (key == "seed")
+        c.seed = v.get<std::uint64_t>();
+      else if (key == "atol")
+        c.atol = v.get<double>();
+      else if (key == "rtol")
+        c.rtol = v.get<double>();
+      else if (key == "tile")
+        c.tiles.tile = v.get<std::vector<std::int64_t>>();
+      else if (key == "ub_bytes")
+        c.tiles.ub_bytes = v.get<std::size_t>();
+      else
+        throw error("unknown key");
     } catch (const nlohmann::json::exception&) {
       throw error("case '" + c.name + "': key '" + key + "' has a bad value " + v.dump());
     } catch (const error& e) {

@@ -3,11 +3,10 @@
 // and golden vs the production kernel where one computes the same thing.
 
 #include <array>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "reference/reference.h"
 #include "tilerope/dtype.h"
@@ -23,10 +22,10 @@ struct ref_case {
   std::string name;
   ref_kernel kernel = ref_kernel::vision;
   dtype x_type = dtype::f32;
-  std::int64_t batch = 1;     // skeleton, mrope, interleave
-  std::int64_t seq = 31;      // S
-  std::int64_t heads = 16;    // N (vision, qk_norm_rope, interleave) or Hq (mrope)
-  std::int64_t k_heads = 2;   // vision, mrope
+  std::int64_t batch = 1;    // skeleton, mrope, interleave
+  std::int64_t seq = 31;     // S
+  std::int64_t heads = 16;   // N (vision, qk_norm_rope, interleave) or Hq (mrope)
+  std::int64_t k_heads = 2;  // vision, mrope
   std::int64_t head_dim = 128;
   std::array<int, 3> section = {16, 24, 24};  // mrope
   bool table_seq1 = false;                    // interleave: cos/sin [B, 1, 1, D]
@@ -39,8 +38,8 @@ struct ref_case {
 };
 
 struct ref_result {
-  double max_abs_err = 0, max_rel_err = 0;            // reference kernel vs golden
-  std::optional<double> prod_max_abs_err;             // production kernel vs golden
+  double max_abs_err = 0, max_rel_err = 0;  // reference kernel vs golden
+  std::optional<double> prod_max_abs_err;   // production kernel vs golden
   double atol = 0, rtol = 0;
   bool pass = false;
   std::string problem;
