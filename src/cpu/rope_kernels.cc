@@ -235,17 +235,6 @@ std::int64_t position_of(const rope_plan& p, std::int64_t b, std::int64_t s) {
                                   : static_cast<const std::int64_t*>(p.ids)[at];
 }
 
-float table_entry(const void* table, dtype t, std::int64_t at) {
-  switch (t) {
-    case dtype::f16:
-      return f16_bits_to_f32(static_cast<const std::uint16_t*>(table)[at]);
-    case dtype::bf16:
-      return bf16_bits_to_f32(static_cast<const std::uint16_t*>(table)[at]);
-    default:
-      return static_cast<const float*>(table)[at];
-  }
-}
-
 // The x dtype's rounding of an fp32 value (hf_compat keeps its tables in the x dtype).
 float round_to(dtype t, float v) {
   if (t == dtype::f16) return f16_bits_to_f32(f32_to_f16_bits(v));
@@ -253,28 +242,61 @@ float round_to(dtype t, float v) {
   return v;
 }
 
-// cos_i, sin_i of the token at position pos, for i < half.
-void angles_at(const rope_plan& p, std::int64_t pos, float* c, float* s) {
+// A 16-bit table row widened to fp32, whole vectors first.
+template <class IO>
+void widen_row(df32 d, const std::uint16_t* from, float* to, std::int64_t n, float (*scalar)(std::uint16_t)) {
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(IO::load(d, from + i), d, to + i);
+  for (; i < n; ++i) to[i] = scalar(from[i]);
+}
+
+// Points c and s at cos_i and sin_i of position pos (i < half), with the sign of sin folded in
+// for backward: straight into an fp32 table when it can, else through `scratch` (2 * half).
+void angles_at(const rope_plan& p, std::int64_t pos, float* scratch, const float*& c,
+               const float*& s) {
+  const df32 d;
   const std::int64_t half = p.rotary_dim / 2;
+  float* cc = scratch;
+  float* ss = scratch + half;
   if (p.cos != nullptr) {
     const std::int64_t row = pos * p.table_row;
-    for (std::int64_t i = 0; i < half; ++i) {
-      c[i] = table_entry(p.cos, p.table_type, row + i);
-      s[i] = table_entry(p.sin, p.table_type, row + i);
+    if (p.table_type == dtype::f32) {
+      c = static_cast<const float*>(p.cos) + row;
+      s = static_cast<const float*>(p.sin) + row;
+      if (!p.backward) return;
+      std::memcpy(ss, s, static_cast<std::size_t>(half) * sizeof(float));
+    } else {
+      const auto* c16 = static_cast<const std::uint16_t*>(p.cos) + row;
+      const auto* s16 = static_cast<const std::uint16_t*>(p.sin) + row;
+      if (p.table_type == dtype::f16) {
+        widen_row<f16_io>(d, c16, cc, half, f16_bits_to_f32);
+        widen_row<f16_io>(d, s16, ss, half, f16_bits_to_f32);
+      } else {
+        widen_row<bf16_io>(d, c16, cc, half, bf16_bits_to_f32);
+        widen_row<bf16_io>(d, s16, ss, half, bf16_bits_to_f32);
+      }
+      c = cc;
     }
   } else if (p.precision == angle_precision::accurate) {
     for (std::int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(pos) * p.inv_freq[i];
-      c[i] = static_cast<float>(std::cos(a));
-      s[i] = static_cast<float>(std::sin(a));
+      cc[i] = static_cast<float>(std::cos(a));
+      ss[i] = static_cast<float>(std::sin(a));
     }
+    c = cc;
   } else {
     for (std::int64_t i = 0; i < half; ++i) {
       const double a = static_cast<float>(pos) * p.inv_freq_f32[i];
-      c[i] = round_to(p.x_type, static_cast<float>(std::cos(a)));
-      s[i] = round_to(p.x_type, static_cast<float>(std::sin(a)));
+      cc[i] = round_to(p.x_type, static_cast<float>(std::cos(a)));
+      ss[i] = round_to(p.x_type, static_cast<float>(std::sin(a)));
     }
+    c = cc;
   }
+  if (p.backward) {
+    for (std::int64_t i = 0; i < half; ++i) ss[i] = -ss[i];
+  }
+  s = ss;
 }
 
 template <class IO>
@@ -285,14 +307,11 @@ void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last
   const std::int64_t pass = p.head_dim - rotary;
   thread_local std::vector<float> scratch;
   scratch.resize(static_cast<std::size_t>(2 * half));
-  float* c = scratch.data();
-  float* s = c + half;
+  const float* c = nullptr;
+  const float* s = nullptr;
   for (std::int64_t t = first; t < last; ++t) {
     const std::int64_t b = t / p.seq, q = t % p.seq;
-    angles_at(p, position_of(p, b, q), c, s);
-    if (p.backward) {
-      for (std::int64_t i = 0; i < half; ++i) s[i] = -s[i];
-    }
+    angles_at(p, position_of(p, b, q), scratch.data(), c, s);
     for (int k = 0; k < p.num_blocks; ++k) {
       const head_block& blk = p.blocks[k];
       const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;

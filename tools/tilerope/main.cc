@@ -1,11 +1,13 @@
-// tilerope: the command-line program. Subcommands: check, apply, run, info.
+// tilerope: the command-line program. Subcommands: check, apply, run, bench, info.
 // Every error prints "tilerope: error: <message>" and exits 2.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "apply.h"
+#include "bench.h"
 #include "check.h"
 #include "run.h"
 #include "tilerope/error.h"
@@ -17,6 +19,20 @@ std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
   return s;
+}
+
+void add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Kernels against the memory-bandwidth ceiling and an unfused "
+                                          "baseline, measured in the same run");
+  auto o = std::make_shared<tilerope::bench::bench_options>();
+  auto json = std::make_shared<std::string>();
+  cmd->add_flag("--quick", o->quick, "The subset covering every target, under 2 minutes");
+  cmd->add_option("--json", *json, "Write every row to this JSON file");
+  cmd->add_option("--repeats", o->repeats, "Timed runs per row (default 10 quick, 20 full)");
+  cmd->callback([o, json] {
+    if (!json->empty()) o->json = *json;
+    tilerope::bench::run_bench(*o);
+  });
 }
 
 void add_info_command(CLI::App& app) {
@@ -44,6 +60,7 @@ int main(int argc, char** argv) {
   tilerope::cli::add_check_command(app, exit_code);
   tilerope::cli::add_apply_command(app);
   tilerope::cli::add_run_command(app, exit_code);
+  add_bench_command(app);
   add_info_command(app);
   try {
     app.parse(argc, argv);
