@@ -21,10 +21,9 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "reference/reference.h"
 #include "tilerope/tilerope.h"
@@ -87,7 +86,8 @@ void rmw(unsigned char* p, std::size_t bytes, int threads) {
   const std::size_t n = bytes / 16;
   const __m128i one = _mm_set1_epi32(1);
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::size_t i = 0; i < n; ++i) _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), one));
+  for (std::size_t i = 0; i < n; ++i)
+    _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), one));
 }
 
 void copy_plain(const unsigned char* from, unsigned char* to, std::size_t bytes, int threads) {
@@ -116,8 +116,10 @@ float load(const void* p, dtype t, std::size_t i) {
   return static_cast<const float*>(p)[i];
 }
 void store(void* p, dtype t, std::size_t i, float v) {
-  if (t == dtype::bf16) static_cast<std::uint16_t*>(p)[i] = f32_to_bf16_bits(v);
-  else static_cast<float*>(p)[i] = v;
+  if (t == dtype::bf16)
+    static_cast<std::uint16_t*>(p)[i] = f32_to_bf16_bits(v);
+  else
+    static_cast<float*>(p)[i] = v;
 }
 
 // out = x * cos + rotate_half(x) * sin as eager PyTorch runs it: cos/sin gathered into full
@@ -127,12 +129,18 @@ struct unfused {
   dtype t;
   buffer cos_full, sin_full, rot, a, b;
   unfused(std::int64_t T_, std::int64_t H_, std::int64_t D_, dtype t_)
-      : T(T_), H(H_), D(D_), t(t_),
-        cos_full(T_ * D_ * size_of(t_)), sin_full(T_ * D_ * size_of(t_)),
-        rot(T_ * H_ * D_ * size_of(t_)), a(T_ * H_ * D_ * size_of(t_)), b(T_ * H_ * D_ * size_of(t_)) {}
+      : T(T_),
+        H(H_),
+        D(D_),
+        t(t_),
+        cos_full(T_ * D_ * size_of(t_)),
+        sin_full(T_ * D_ * size_of(t_)),
+        rot(T_ * H_ * D_ * size_of(t_)),
+        a(T_ * H_ * D_ * size_of(t_)),
+        b(T_ * H_ * D_ * size_of(t_)) {}
 
-  void run(const void* x, void* out, const float* cos_table, const float* sin_table, const std::int64_t* pos,
-           int threads) {
+  void run(const void* x, void* out, const float* cos_table, const float* sin_table,
+           const std::int64_t* pos, int threads) {
     const std::int64_t half = D / 2, n = T * H * D;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t r = 0; r < T; ++r)  // cos = cat(freqs, freqs)[pos].to(dtype)
@@ -148,10 +156,12 @@ struct unfused {
       }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t i = 0; i < n; ++i)  // x * cos (cos broadcast over heads)
-      store(a.data.get(), t, i, load(x, t, i) * load(cos_full.data.get(), t, (i / (H * D)) * D + i % D));
+      store(a.data.get(), t, i,
+            load(x, t, i) * load(cos_full.data.get(), t, (i / (H * D)) * D + i % D));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t i = 0; i < n; ++i)  // rotate_half(x) * sin
-      store(b.data.get(), t, i, load(rot.data.get(), t, i) * load(sin_full.data.get(), t, (i / (H * D)) * D + i % D));
+      store(b.data.get(), t, i,
+            load(rot.data.get(), t, i) * load(sin_full.data.get(), t, (i / (H * D)) * D + i % D));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t i = 0; i < n; ++i)  // the sum
       store(out, t, i, load(a.data.get(), t, i) + load(b.data.get(), t, i));
@@ -182,26 +192,37 @@ std::string fmt(const std::optional<double>& v, const char* f) {
 }
 
 void print(const row& r) {
-  std::printf("%-14s %-5s %-3s %-34s %2d %9s %9s %8s %10s %9s  (median %.3f ms, min %.3f ms)\n", r.kernel.c_str(),
-              r.dtype_name.c_str(), r.inplace ? "in" : "out", r.shape.c_str(), r.threads, fmt(r.gbps, "%.2f").c_str(),
-              fmt(r.ceiling_gbps, "%.2f").c_str(), fmt(r.fraction, "%.3f").c_str(), fmt(r.ns_per_call, "%.0f").c_str(),
-              fmt(r.speedup ? r.speedup : r.ratio_to_production, "%.2fx").c_str(), r.median_s * 1e3, r.min_s * 1e3);
+  std::printf("%-14s %-5s %-3s %-34s %2d %9s %9s %8s %10s %9s  (median %.3f ms, min %.3f ms)\n",
+              r.kernel.c_str(), r.dtype_name.c_str(), r.inplace ? "in" : "out", r.shape.c_str(),
+              r.threads, fmt(r.gbps, "%.2f").c_str(), fmt(r.ceiling_gbps, "%.2f").c_str(),
+              fmt(r.fraction, "%.3f").c_str(), fmt(r.ns_per_call, "%.0f").c_str(),
+              fmt(r.speedup ? r.speedup : r.ratio_to_production, "%.2fx").c_str(), r.median_s * 1e3,
+              r.min_s * 1e3);
   std::fflush(stdout);
 }
 
 nlohmann::json to_json(const row& r) {
-  auto opt = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
-  return {{"kernel", r.kernel},       {"dtype", r.dtype_name},   {"inplace", r.inplace},
-          {"shape", r.shape},         {"threads", r.threads},    {"gbps", opt(r.gbps)},
-          {"ceiling_gbps", opt(r.ceiling_gbps)}, {"fraction", opt(r.fraction)},
-          {"ns_per_call", opt(r.ns_per_call)},   {"speedup_vs_unfused", opt(r.speedup)},
+  auto opt = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  return {{"kernel", r.kernel},
+          {"dtype", r.dtype_name},
+          {"inplace", r.inplace},
+          {"shape", r.shape},
+          {"threads", r.threads},
+          {"gbps", opt(r.gbps)},
+          {"ceiling_gbps", opt(r.ceiling_gbps)},
+          {"fraction", opt(r.fraction)},
+          {"ns_per_call", opt(r.ns_per_call)},
+          {"speedup_vs_unfused", opt(r.speedup)},
           {"tile_time_ratio", opt(r.ratio_to_production)},
-          {"median_s", r.median_s}, {"min_s", r.min_s}};
+          {"median_s", r.median_s},
+          {"min_s", r.min_s}};
 }
 
 // One rope_apply configuration: q and k of a packed-free layout [T, H, D], table f32.
-std::vector<row> bench_rope(const shape_case& s, rope_style style, dtype t, bool inplace, int threads,
-                            int repeats, bool with_baseline) {
+std::vector<row> bench_rope(const shape_case& s, rope_style style, dtype t, bool inplace,
+                            int threads, int repeats, bool with_baseline) {
   const std::int64_t half = s.D / 2;
   const std::size_t es = size_of(t);
   const std::size_t q_bytes = s.T * s.Hq * s.D * es, k_bytes = s.T * s.Hk * s.D * es;
@@ -221,7 +242,8 @@ std::vector<row> bench_rope(const shape_case& s, rope_style style, dtype t, bool
     x.q_out = tensor_view::contiguous(qo.data.get(), t, {s.T, s.Hq, s.D});
     x.k_out = tensor_view::contiguous(ko.data.get(), t, {s.T, s.Hk, s.D});
   }
-  const auto positions = rope_positions::from_ids(tensor_view::contiguous(pos.data(), dtype::i64, {s.T}));
+  const auto positions =
+      rope_positions::from_ids(tensor_view::contiguous(pos.data(), dtype::i64, {s.T}));
   const auto angles = rope_angles::from_table(table.cos, table.sin);
   set_num_threads(threads);
   const timing kt = time_it(repeats, !s.decode, [&] { rope_apply(style, x, positions, angles); });
@@ -231,8 +253,8 @@ std::vector<row> bench_rope(const shape_case& s, rope_style style, dtype t, bool
   r.dtype_name = std::string(to_string(t));
   r.inplace = inplace;
   r.threads = threads;
-  r.shape = s.name + " T=" + std::to_string(s.T) + " " + std::to_string(s.Hq) + "/" + std::to_string(s.Hk) +
-            "x" + std::to_string(s.D);
+  r.shape = s.name + " T=" + std::to_string(s.T) + " " + std::to_string(s.Hq) + "/" +
+            std::to_string(s.Hk) + "x" + std::to_string(s.D);
   r.median_s = kt.median;
   r.min_s = kt.min;
   if (s.decode) {
@@ -249,8 +271,12 @@ std::vector<row> bench_rope(const shape_case& s, rope_style style, dtype t, bool
     ceiling_s = time_it(repeats, true, [&] { rmw(b.data.get(), x_bytes, threads); }).median;
   } else {
     buffer from(x_bytes), to(x_bytes);
-    const double plain = time_it(repeats, true, [&] { copy_plain(from.data.get(), to.data.get(), x_bytes, threads); }).median;
-    const double stream = time_it(repeats, true, [&] { copy_streaming(from.data.get(), to.data.get(), x_bytes, threads); }).median;
+    const double plain = time_it(repeats, true, [&] {
+                           copy_plain(from.data.get(), to.data.get(), x_bytes, threads);
+                         }).median;
+    const double stream = time_it(repeats, true, [&] {
+                            copy_streaming(from.data.get(), to.data.get(), x_bytes, threads);
+                          }).median;
     ceiling_s = std::min(plain, stream);
   }
   r.ceiling_gbps = 2.0 * x_bytes / ceiling_s / 1e9;
@@ -294,7 +320,8 @@ row bench_skeleton(int repeats) {
   x.q = tensor_view(a.data.get(), dtype::f32, {B, S, 1, D}, {S * D, D, D, 1});
   x.q_out = tensor_view(out2.data.get(), dtype::f32, {B, S, 1, D}, {S * D, D, D, 1});
   const timing pt = time_it(repeats, true, [&] {
-    rope_apply(rope_style::neox, x, rope_positions::from_offset(0), rope_angles::from_table(table.cos, table.sin));
+    rope_apply(rope_style::neox, x, rope_positions::from_offset(0),
+               rope_angles::from_table(table.cos, table.sin));
   });
   row r;
   r.kernel = "tile-skeleton";
@@ -315,15 +342,20 @@ int run_bench(const bench_options& o) {
   const int all = std::max(1, omp_get_max_threads());
   std::vector<int> thread_counts = {1};
   if (all > 1) thread_counts.push_back(all);
-  std::vector<shape_case> prefill = {{"qwen3-8b", 8192, 32, 8, 128}, {"llama3.1-8b", 8192, 32, 8, 128},
-                                     {"qwen2vl-vision", 4096, 16, 16, 80}, {"long", 32768, 32, 8, 128}};
+  std::vector<shape_case> prefill = {{"qwen3-8b", 8192, 32, 8, 128},
+                                     {"llama3.1-8b", 8192, 32, 8, 128},
+                                     {"qwen2vl-vision", 4096, 16, 16, 80},
+                                     {"long", 32768, 32, 8, 128}};
   if (o.quick) prefill.resize(1);
-  const std::vector<shape_case> decode = {{"decode", 1, 32, 8, 128, true}, {"decode", 16, 32, 8, 128, true}};
+  const std::vector<shape_case> decode = {{"decode", 1, 32, 8, 128, true},
+                                          {"decode", 16, 32, 8, 128, true}};
 
-  std::printf("tilerope bench: cpu target %s, up to %d threads, %d timed runs per row (median), caches "
-              "flushed between runs\n", cpu_target().c_str(), all, repeats);
-  std::printf("%-14s %-5s %-3s %-34s %2s %9s %9s %8s %10s %9s\n", "kernel", "dtype", "io", "shape", "th", "GB/s",
-              "ceiling", "fraction", "ns/call", "speedup");
+  std::printf(
+      "tilerope bench: cpu target %s, up to %d threads, %d timed runs per row (median), caches "
+      "flushed between runs\n",
+      cpu_target().c_str(), all, repeats);
+  std::printf("%-14s %-5s %-3s %-34s %2s %9s %9s %8s %10s %9s\n", "kernel", "dtype", "io", "shape",
+              "th", "GB/s", "ceiling", "fraction", "ns/call", "speedup");
   std::vector<row> rows;
   const int before = num_threads();
   for (const auto& s : prefill) {
@@ -355,8 +387,11 @@ int run_bench(const bench_options& o) {
   print(sk);
   rows.push_back(sk);
   set_num_threads(before);
-  std::printf("fraction: kernel GB/s over the ceiling (same bytes, same access pattern, same run); speedup: "
-              "unfused eager-style baseline time over kernel time; tile-skeleton: its time over rope_apply's\n");
+  std::printf(
+      "fraction: kernel GB/s over the ceiling (same bytes, same access pattern, same run); "
+      "speedup: "
+      "unfused eager-style baseline time over kernel time; tile-skeleton: its time over "
+      "rope_apply's\n");
   if (o.json) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : rows) j.push_back(to_json(r));

@@ -129,10 +129,12 @@ struct loop_chunk {
 /// The stretches of loop(start, stop, step, unroll_list): factors sorted descending,
 /// de-duplicated, 1 added; for each factor p: nstep = step * p,
 /// left = (stop - nstart) % nstep, run [nstart, stop - left) by nstep, nstart = stop - left.
+/// (Counted in iterations, so that with step > 1 a last partial step is kept.)
 std::vector<loop_chunk> loop_chunks(std::int64_t start, std::int64_t stop, std::int64_t step,
                                     std::vector<std::int64_t> unroll_list);
 /// Runs body(i) for i = start, start + step, ... < stop (step-1 semantics within chunks).
-/// Only the innermost loop may be unrolled (a factor > 1 in unroll_list).
+/// Only the innermost loop may be unrolled (a factor > 1 in unroll_list). Like the whole
+/// kernel body, it runs once in the checking pass and once in the executing pass.
 void loop(std::int64_t start, std::int64_t stop, std::int64_t step, std::string_view name,
           const std::vector<std::int64_t>& unroll_list,
           const std::function<void(std::int64_t)>& body);

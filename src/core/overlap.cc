@@ -28,7 +28,6 @@ byte_layout layout_of(const tensor_view& v) {
     return l;
   }
   l.row = v.shape[v.rank - 1] * es;
-  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride bytes, n)
   for (int i = 0; i + 1 < v.rank; ++i) {
     if (v.shape[i] == 1) continue;
     std::int64_t s = v.strides[i] * es;
@@ -36,13 +35,14 @@ byte_layout layout_of(const tensor_view& v) {
       l.base += s * (v.shape[i] - 1);
       s = -s;
     }
-    dims.emplace_back(s, v.shape[i]);
-  }
-  std::sort(dims.begin(), dims.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  for (const auto& [s, n] : dims) {
-    l.stride[l.rank] = s;
-    l.n[l.rank] = n;
-    ++l.rank;
+    // insertion by stride, descending (at most four outer dims)
+    int at = l.rank++;
+    for (; at > 0 && l.stride[at - 1] < s; --at) {
+      l.stride[at] = l.stride[at - 1];
+      l.n[at] = l.n[at - 1];
+    }
+    l.stride[at] = s;
+    l.n[at] = v.shape[i];
   }
   return l;
 }
@@ -109,10 +109,24 @@ bool overlap_from(const byte_layout& a, int da, std::int64_t a0, const byte_layo
   return rows_overlap(a, da, a0, b, db, b0);
 }
 
+// [first, last) bytes any element of v may touch.
+std::pair<std::int64_t, std::int64_t> extent(const tensor_view& v) {
+  const auto es = static_cast<std::int64_t>(size_of(v.type));
+  std::int64_t lo = reinterpret_cast<std::intptr_t>(v.data), hi = lo + es;
+  for (int i = 0; i < v.rank; ++i) {
+    const std::int64_t reach = (v.shape[i] - 1) * v.strides[i] * es;
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {lo, hi};
+}
+
 }  // namespace
 
 bool views_share_memory(const tensor_view& a, const tensor_view& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a_lo, a_hi] = extent(a);
+  const auto [b_lo, b_hi] = extent(b);
+  if (a_hi <= b_lo || b_hi <= a_lo) return false;  // apart: the common case, decided cheaply
   const byte_layout la = layout_of(a), lb = layout_of(b);
   return overlap_from(la, 0, la.base, lb, 0, lb.base);
 }

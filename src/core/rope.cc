@@ -214,25 +214,31 @@ struct named_view {
 void check_overlaps(const rope_tensors& x, const rope_positions& p, const rope_angles& a) {
   const tensor_view& q_w = x.q_out ? *x.q_out : x.q;
   const tensor_view* k_w = x.k ? (x.k_out ? &*x.k_out : &*x.k) : nullptr;
-  std::vector<named_view> written = {{x.q_out ? "q_out" : "q (in place)", &q_w}};
-  if (k_w) written.push_back({x.k_out ? "k_out" : "k (in place)", k_w});
-  std::vector<named_view> read = {{"q", &x.q}};
-  if (x.k) read.push_back({"k", &*x.k});
-  if (p.from == rope_positions::source::ids) read.push_back({"positions", &p.ids});
+  // fixed arrays: this runs on every call, decode included
+  named_view written[2] = {{x.q_out ? "q_out" : "q (in place)", &q_w}, {"", nullptr}};
+  std::size_t n_written = 1;
+  if (k_w) written[n_written++] = {x.k_out ? "k_out" : "k (in place)", k_w};
+  named_view read[5];
+  std::size_t n_read = 0;
+  read[n_read++] = {"q", &x.q};
+  if (x.k) read[n_read++] = {"k", &*x.k};
+  if (p.from == rope_positions::source::ids) read[n_read++] = {"positions", &p.ids};
   if (a.from == rope_angles::source::table) {
-    read.push_back({"cos", &a.cos});
-    read.push_back({"sin", &a.sin});
+    read[n_read++] = {"cos", &a.cos};
+    read[n_read++] = {"sin", &a.sin};
   }
-  for (const auto& w : written) {
+  for (std::size_t i = 0; i < n_written; ++i) {
+    const auto& w = written[i];
     if (detail::view_overlaps_itself(*w.view)) {
       throw error(std::string(w.name) + " " + w.view->shape_string() + " with strides " +
                   w.view->strides_string() + " addresses some elements more than once");
     }
   }
-  for (std::size_t i = 0; i < written.size(); ++i) {
+  for (std::size_t i = 0; i < n_written; ++i) {
     const auto& w = written[i];
     const tensor_view& own_input = i == 0 ? x.q : *x.k;
-    for (const auto& r : read) {
+    for (std::size_t j = 0; j < n_read; ++j) {
+      const auto& r = read[j];
       if (r.view == &own_input && detail::same_view(*w.view, own_input)) continue;
       if (detail::views_share_memory(*w.view, *r.view)) {
         throw error(describe(w.name, *w.view) + " overlaps " + describe(r.name, *r.view) +
@@ -240,7 +246,7 @@ void check_overlaps(const rope_tensors& x, const rope_positions& p, const rope_a
       }
     }
   }
-  if (written.size() == 2 && detail::views_share_memory(*written[0].view, *written[1].view)) {
+  if (n_written == 2 && detail::views_share_memory(*written[0].view, *written[1].view)) {
     throw error(describe(written[0].name, *written[0].view) + " overlaps " +
                 describe(written[1].name, *written[1].view));
   }

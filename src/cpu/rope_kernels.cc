@@ -244,7 +244,8 @@ float round_to(dtype t, float v) {
 
 // A 16-bit table row widened to fp32, whole vectors first.
 template <class IO>
-void widen_row(df32 d, const std::uint16_t* from, float* to, std::int64_t n, float (*scalar)(std::uint16_t)) {
+void widen_row(df32 d, const std::uint16_t* from, float* to, std::int64_t n,
+               float (*scalar)(std::uint16_t)) {
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
   for (; i + lanes <= n; i += lanes) hn::StoreU(IO::load(d, from + i), d, to + i);
@@ -299,6 +300,8 @@ void angles_at(const rope_plan& p, std::int64_t pos, float* scratch, const float
   s = ss;
 }
 
+constexpr std::int64_t prefetch_tokens = 2;
+
 template <class IO>
 void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
@@ -316,9 +319,18 @@ void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last
       const head_block& blk = p.blocks[k];
       const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
       T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
+      // Each head row is touched once: ask for the same row `ahead` tokens on while this one
+      // computes, so that loads stay in flight across the per-token work.
+      const bool prefetch = t + prefetch_tokens < last && (t + prefetch_tokens) / p.seq == b;
+      const T* next = in + prefetch_tokens * blk.in_s;
+      const std::int64_t row_bytes = p.head_dim * static_cast<std::int64_t>(sizeof(T));
       for (std::int64_t h = 0; h < blk.heads; ++h) {
         const T* x = in + h * blk.in_h;
         T* y = out + h * blk.out_h;
+        if (prefetch) {
+          const auto* line = reinterpret_cast<const char*>(next + h * blk.in_h);
+          for (std::int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(line + o);
+        }
         if (p.style == rope_style::neox) {
           neox_row<IO>(d, x, y, c, s, half);
         } else {

@@ -975,12 +975,15 @@ std::vector<loop_chunk> loop_chunks(std::int64_t start, std::int64_t stop, std::
   unroll_list.erase(std::unique(unroll_list.begin(), unroll_list.end()), unroll_list.end());
   std::vector<loop_chunk> chunks;
   std::int64_t nstart = start;
+  // In iterations: trips = ceil((stop - nstart) / step), so that with step > 1 the last,
+  // partial step still runs (for step 1 this is exactly left = (stop - nstart) % nstep).
   for (std::int64_t p : unroll_list) {
     if (nstart >= stop) break;
-    const std::int64_t nstep = step * p;
-    const std::int64_t left = (stop - nstart) % nstep;
-    if (stop - left > nstart) chunks.push_back({nstart, stop - left, p});
-    nstart = stop - left;
+    const std::int64_t trips = (stop - nstart + step - 1) / step;
+    const std::int64_t left = trips % p;
+    const std::int64_t end = left == 0 ? stop : nstart + (trips - left) * step;
+    if (end > nstart) chunks.push_back({nstart, end, p});
+    nstart = end;
   }
   return chunks;
 }

@@ -22,8 +22,9 @@ std::string joined(const std::vector<std::string>& v) {
 }
 
 void add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Kernels against the memory-bandwidth ceiling and an unfused "
-                                          "baseline, measured in the same run");
+  auto* cmd = app.add_subcommand("bench",
+                                 "Kernels against the memory-bandwidth ceiling and an unfused "
+                                 "baseline, measured in the same run");
   auto o = std::make_shared<tilerope::bench::bench_options>();
   auto json = std::make_shared<std::string>();
   cmd->add_flag("--quick", o->quick, "The subset covering every target, under 2 minutes");
