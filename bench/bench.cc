@@ -23,6 +23,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "reference/reference.h"
@@ -111,10 +112,6 @@ void copy_streaming(const unsigned char* from, unsigned char* to, std::size_t by
 
 // ---- the unfused baseline ------------------------------------------------------------------
 
-float load(const void* p, dtype t, std::size_t i) {
-  if (t == dtype::bf16) return bf16_bits_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
 void store(void* p, dtype t, std::size_t i, float v) {
   if (t == dtype::bf16)
     static_cast<std::uint16_t*>(p)[i] = f32_to_bf16_bits(v);
@@ -123,48 +120,72 @@ void store(void* p, dtype t, std::size_t i, float v) {
 }
 
 // out = x * cos + rotate_half(x) * sin as eager PyTorch runs it: cos/sin gathered into full
-// [T, D] tensors, then rotate_half (two slices, a negation, a cat), three elementwise ops.
+// [T, D] tensors, then rotate_half (two slices, a negation, a cat), three elementwise ops,
+// each a pass over whole tensors in the x dtype; plain loops the compiler vectorises.
+template <class T>
 struct unfused {
-  std::int64_t T, H, D;
-  dtype t;
-  buffer cos_full, sin_full, rot, a, b;
-  unfused(std::int64_t T_, std::int64_t H_, std::int64_t D_, dtype t_)
-      : T(T_),
-        H(H_),
-        D(D_),
-        t(t_),
-        cos_full(T_ * D_ * size_of(t_)),
-        sin_full(T_ * D_ * size_of(t_)),
-        rot(T_ * H_ * D_ * size_of(t_)),
-        a(T_ * H_ * D_ * size_of(t_)),
-        b(T_ * H_ * D_ * size_of(t_)) {}
+  // Inline conversions (round to nearest even, finite inputs) so that the passes vectorise,
+  // as PyTorch's bf16 kernels are vectorised.
+  static float load(T v) {
+    if constexpr (std::is_same_v<T, float>) {
+      return v;
+    } else {
+      const std::uint32_t u = static_cast<std::uint32_t>(v) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+  }
+  static T store(float v) {
+    if constexpr (std::is_same_v<T, float>) {
+      return v;
+    } else {
+      std::uint32_t u;
+      std::memcpy(&u, &v, 4);
+      return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+  std::int64_t tokens, heads, dim;
+  std::vector<T> cos_full, sin_full, rot, a, b;
+  unfused(std::int64_t t, std::int64_t h, std::int64_t d)
+      : tokens(t),
+        heads(h),
+        dim(d),
+        cos_full(t * d),
+        sin_full(t * d),
+        rot(t * h * d),
+        a(t * h * d),
+        b(t * h * d) {}
 
-  void run(const void* x, void* out, const float* cos_table, const float* sin_table,
+  void run(const T* x, T* out, const float* cos_table, const float* sin_table,
            const std::int64_t* pos, int threads) {
-    const std::int64_t half = D / 2, n = T * H * D;
+    const std::int64_t half = dim / 2, row = heads * dim;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::int64_t r = 0; r < T; ++r)  // cos = cat(freqs, freqs)[pos].to(dtype)
-      for (std::int64_t j = 0; j < D; ++j) {
-        store(cos_full.data.get(), t, r * D + j, cos_table[pos[r] * half + j % half]);
-        store(sin_full.data.get(), t, r * D + j, sin_table[pos[r] * half + j % half]);
+    for (std::int64_t t = 0; t < tokens; ++t)  // cos = cat(freqs, freqs)[pos].to(dtype)
+      for (std::int64_t j = 0; j < dim; ++j) {
+        cos_full[t * dim + j] = store(cos_table[pos[t] * half + j % half]);
+        sin_full[t * dim + j] = store(sin_table[pos[t] * half + j % half]);
       }
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::int64_t row = 0; row < T * H; ++row)  // rotate_half(x) = cat(-x2, x1)
-      for (std::int64_t j = 0; j < D; ++j) {
-        const float v = j < half ? -load(x, t, row * D + j + half) : load(x, t, row * D + j - half);
-        store(rot.data.get(), t, row * D + j, v);
-      }
+    for (std::int64_t r = 0; r < tokens * heads; ++r) {  // rotate_half(x) = cat(-x2, x1)
+      for (std::int64_t j = 0; j < half; ++j)
+        rot[r * dim + j] = store(-load(x[r * dim + half + j]));
+      for (std::int64_t j = 0; j < half; ++j) rot[r * dim + half + j] = x[r * dim + j];
+    }
+    auto pass = [&](const T* p, const std::vector<T>& table,
+                    T* to) {  // p * table (broadcast over heads)
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::int64_t i = 0; i < n; ++i)  // x * cos (cos broadcast over heads)
-      store(a.data.get(), t, i,
-            load(x, t, i) * load(cos_full.data.get(), t, (i / (H * D)) * D + i % D));
+      for (std::int64_t t = 0; t < tokens; ++t)
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t j = 0; j < dim; ++j)
+            to[t * row + h * dim + j] =
+                store(load(p[t * row + h * dim + j]) * load(table[t * dim + j]));
+    };
+    pass(x, cos_full, a.data());
+    pass(rot.data(), sin_full, b.data());
+    const std::int64_t n = tokens * row;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::int64_t i = 0; i < n; ++i)  // rotate_half(x) * sin
-      store(b.data.get(), t, i,
-            load(rot.data.get(), t, i) * load(sin_full.data.get(), t, (i / (H * D)) * D + i % D));
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (std::int64_t i = 0; i < n; ++i)  // the sum
-      store(out, t, i, load(a.data.get(), t, i) + load(b.data.get(), t, i));
+    for (std::int64_t i = 0; i < n; ++i) out[i] = store(load(a[i]) + load(b[i]));
   }
 };
 
@@ -283,14 +304,18 @@ std::vector<row> bench_rope(const shape_case& s, rope_style style, dtype t, bool
   r.fraction = *r.gbps / *r.ceiling_gbps;
   if (with_baseline && style == rope_style::neox) {
     // PyTorch eager composes q and k separately; time both.
-    unfused uq(s.T, s.Hq, s.D, t), uk(s.T, s.Hk, s.D, t);
-    buffer oq(q_bytes), ok(k_bytes);
     const auto* c = static_cast<const float*>(table.cos.data());
     const auto* sn = static_cast<const float*>(table.sin.data());
-    const timing ut = time_it(std::max(3, repeats / 4), true, [&] {
-      uq.run(q.data.get(), oq.data.get(), c, sn, pos.data(), threads);
-      uk.run(k.data.get(), ok.data.get(), c, sn, pos.data(), threads);
-    });
+    buffer oq(q_bytes), ok(k_bytes);
+    auto time_unfused = [&](auto tag) {
+      using T = decltype(tag);
+      unfused<T> uq(s.T, s.Hq, s.D), uk(s.T, s.Hk, s.D);
+      return time_it(std::max(3, repeats / 4), true, [&] {
+        uq.run(q.as<T>(), oq.as<T>(), c, sn, pos.data(), threads);
+        uk.run(k.as<T>(), ok.as<T>(), c, sn, pos.data(), threads);
+      });
+    };
+    const timing ut = t == dtype::f32 ? time_unfused(float{}) : time_unfused(std::uint16_t{});
     r.speedup = ut.median / kt.median;
   }
   return {r};

@@ -185,10 +185,36 @@ class ub_buffer {
   std::size_t bytes_ = 0, start_ = 0;
 };
 
+// Up to four dims without a heap allocation: regions are made for every tile of every op.
+struct dims4 {
+  std::int64_t v[max_tile_rank] = {};
+  std::size_t n = 0;
+  dims4() = default;
+  dims4(std::size_t count, std::int64_t value) : n(count) {
+    for (std::size_t i = 0; i < n; ++i) v[i] = value;
+  }
+  std::size_t size() const { return n; }
+  std::int64_t& operator[](std::size_t i) { return v[i]; }
+  std::int64_t operator[](std::size_t i) const { return v[i]; }
+  std::int64_t& back() { return v[n - 1]; }
+  std::int64_t back() const { return v[n - 1]; }
+  void push_back(std::int64_t x) { v[n++] = x; }
+  bool operator==(const dims4& o) const {
+    if (n != o.n) return false;
+    for (std::size_t i = 0; i < n; ++i)
+      if (v[i] != o.v[i]) return false;
+    return true;
+  }
+};
+
 // A rectangular region of a node's output: offsets and extents per dim.
 struct region {
-  shape_t off, ext;
-  std::int64_t size() const { return numel(ext); }
+  dims4 off, ext;
+  std::int64_t size() const {
+    std::int64_t s = 1;
+    for (std::size_t i = 0; i < ext.size(); ++i) s *= ext[i];
+    return s;
+  }
 };
 
 void check_tile_for_op(const node& n) {
@@ -256,13 +282,13 @@ region broadcast_region(const node& in, const node& out, const region& r) {
 template <class Fn>
 void for_each_broadcast(const region& r, const region& s, Fn fn) {
   const std::size_t rank = r.ext.size(), lead = rank - s.ext.size();
-  std::vector<std::int64_t> stride(rank, 0);
+  dims4 stride(rank, 0);
   std::int64_t acc = 1;
   for (std::size_t i = s.ext.size(); i-- > 0;) {
     stride[i + lead] = s.ext[i] == 1 && r.ext[i + lead] != 1 ? 0 : acc;
     acc *= s.ext[i];
   }
-  std::vector<std::int64_t> idx(rank, 0);
+  dims4 idx(rank, 0);
   const std::int64_t total = r.size();
   const std::int64_t inner = r.ext[rank - 1], inner_stride = stride[rank - 1];
   for (std::int64_t o = 0; o < total; o += inner) {
@@ -285,9 +311,10 @@ void round_buffer(dtype t, float* p, std::int64_t n) {
 template <class Fn>
 void for_each_row(const region& r, Fn fn) {
   const std::size_t rank = r.ext.size();
-  std::vector<std::int64_t> idx(rank, 0);
+  dims4 idx(rank, 0);
   const std::int64_t inner = r.ext[rank - 1];
-  for (std::int64_t o = 0; o < r.size(); o += inner) {
+  const std::int64_t total = r.size();
+  for (std::int64_t o = 0; o < total; o += inner) {
     fn(o, idx);
     for (std::size_t i = rank - 1; i-- > 0;) {
       if (++idx[i] < r.ext[i]) break;
@@ -300,7 +327,7 @@ void load_leaf(const node& n, const region& r, float* out) {
   const std::size_t rank = r.ext.size();
   const std::int64_t inner = r.ext[rank - 1];
   const auto es = static_cast<std::int64_t>(size_of(n.type));
-  for_each_row(r, [&](std::int64_t o, const std::vector<std::int64_t>& idx) {
+  for_each_row(r, [&](std::int64_t o, const dims4& idx) {
     bool row_valid = true;
     std::int64_t at = 0;
     for (std::size_t i = 0; i + 1 < rank; ++i) {
@@ -349,7 +376,7 @@ void eval_slice(const node& n, const region& r, float* out) {
   eval(src, inner, tmp.data());
   if (current->dry) return;
   const std::int64_t w = inner.ext.back();
-  for_each_row(inner, [&](std::int64_t o, const std::vector<std::int64_t>& idx) {
+  for_each_row(inner, [&](std::int64_t o, const dims4& idx) {
     std::int64_t at = 0, mul = 1;
     for (std::size_t i = r.ext.size(); i-- > 0;) {
       at += (i + 1 == r.ext.size() ? 0 : idx[i]) * mul;
@@ -635,20 +662,24 @@ const shape_t& value::valid_shape() const { return node_->valid; }
 dtype value::type() const { return node_->type; }
 
 namespace {
-void check_window(const std::string& what, const shape_t& source, const shape_t& shape,
+// `what` is called only to word an error: this runs for every view of every iteration.
+template <class What>
+void check_window(const What& what, const shape_t& source, const shape_t& shape,
                   const shape_t& offsets, const shape_t& valid) {
-  const std::string desc = what + " with shape " + str(shape) + " at offsets " + str(offsets) +
-                           " (valid " + str(valid) + ") of " + str(source);
+  const auto desc = [&] {
+    return what() + " with shape " + str(shape) + " at offsets " + str(offsets) + " (valid " +
+           str(valid) + ") of " + str(source);
+  };
   if (shape.size() != source.size() || offsets.size() != source.size() ||
       valid.size() != source.size()) {
-    throw error(desc + ": ranks differ");
+    throw error(desc() + ": ranks differ");
   }
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] <= 0) throw error(desc + ": dims must be > 0");
+    if (shape[i] <= 0) throw error(desc() + ": dims must be > 0");
     if (valid[i] < 0 || valid[i] > shape[i])
-      throw error(desc + ": valid_shape must lie in [0, shape]");
+      throw error(desc() + ": valid_shape must lie in [0, shape]");
     if (offsets[i] < 0 || offsets[i] + valid[i] > source[i])
-      throw error(desc + " is out of bounds");
+      throw error(desc() + " is out of bounds");
   }
 }
 }  // namespace
@@ -670,7 +701,7 @@ value view(const tensor& t, const shape_t& shape, const shape_t& offsets,
                                   "': reading a kernel output before it is written");
   }
   const shape_t valid = valid_shape.value_or(shape);
-  check_window("view of '" + s.name + "'", s.shape, shape, offsets, valid);
+  check_window([&] { return "view of '" + s.name + "'"; }, s.shape, shape, offsets, valid);
   s.viewed = true;
   auto n = std::make_shared<node>();
   n->kind = op_kind::leaf;
@@ -697,7 +728,8 @@ value view(const value& v, const shape_t& shape, const shape_t& offsets,
   for (std::size_t i = 0; i < valid.size() && i < src->valid.size() && i < offsets.size(); ++i) {
     valid[i] = std::min(valid[i], std::max<std::int64_t>(0, src->valid[i] - offsets[i]));
   }
-  check_window("view of a " + str(src->shape) + " value", src->shape, shape, offsets, requested);
+  check_window([&] { return "view of a " + str(src->shape) + " value"; }, src->shape, shape,
+               offsets, requested);
   auto n = std::make_shared<node>();
   n->type = src->type;
   n->shape = shape;
@@ -733,7 +765,8 @@ void assemble(const value& src, const shape_t& offsets, tensor& out) {
     throw error("assemble of a " + std::string(to_string(n->type)) + " value into " +
                 std::string(to_string(s.memory.type)) + " tensor '" + s.name + "': cast it first");
   }
-  check_window("assemble into '" + s.name + "'", s.shape, n->shape, offsets, n->valid);
+  check_window([&] { return "assemble into '" + s.name + "'"; }, s.shape, n->shape, offsets,
+               n->valid);
   s.assembled = true;
   ++c.report->assembles;
 
@@ -741,8 +774,8 @@ void assemble(const value& src, const shape_t& offsets, tensor& out) {
   const std::size_t rank = n->shape.size();
   shape_t tile = n->tile;
   if (tile.size() != rank) tile = c.tile && c.tile->size() == rank ? *c.tile : n->shape;
-  region r{shape_t(rank, 0), shape_t(rank, 0)};
-  shape_t starts(rank, 0);
+  region r{dims4(rank, 0), dims4(rank, 0)};
+  dims4 starts(rank, 0);
   const auto es = static_cast<std::int64_t>(size_of(s.memory.type));
   for (std::size_t i = 0; i < rank; ++i) {
     if (n->valid[i] == 0) return;
@@ -758,7 +791,7 @@ void assemble(const value& src, const shape_t& offsets, tensor& out) {
       ++c.report->tiles;
       if (c.dry) return;  // the first tile is the largest: its UB need is the assemble's
       const std::int64_t inner = r.ext[rank - 1];
-      for_each_row(r, [&](std::int64_t o, const std::vector<std::int64_t>& idx) {
+      for_each_row(r, [&](std::int64_t o, const dims4& idx) {
         std::int64_t at = 0;
         for (std::size_t i = 0; i < rank; ++i) {
           at += (offsets[i] + r.off[i] + (i + 1 < rank ? idx[i] : 0)) * s.memory.strides[i];
