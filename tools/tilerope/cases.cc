@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -403,70 +404,23 @@ std::vector<rope_case> builtin_cases() {
   return cases;
 }
 
-rope_case case_from_json(const nlohmann::json& j) {
+void for_each_case_key(const nlohmann::json& j, std::string& name,
+                       const std::function<bool(const std::string&, const nlohmann::json&)>& set) {
   if (!j.is_object()) throw error("a case must be a JSON object, got " + j.dump());
-  rope_case c;
-  c.name = j.value("name", std::string("unnamed"));
+  name = j.value("name", std::string("unnamed"));
   for (const auto& [key, v] : j.items()) {
+    if (key == "name") continue;
     try {
-      if (key == "name")
-        continue;
-      else if (key == "style")
-        c.style = rope_style_from_string(v.get<std::string>());
-      else if (key == "dtype")
-        c.x_type = dtype_from_string(v.get<std::string>());
-      else if (key == "layout")
-        c.layout = x_layout_from_string(v.get<std::string>());
-      else if (key == "batch")
-        c.batch = v.get<std::int64_t>();
-      else if (key == "tokens")
-        c.tokens = v.get<std::int64_t>();
-      else if (key == "q_heads")
-        c.q_heads = v.get<std::int64_t>();
-      else if (key == "k_heads")
-        c.k_heads = v.get<std::int64_t>();
-      else if (key == "head_dim")
-        c.head_dim = v.get<std::int64_t>();
-      else if (key == "rotary_dim")
-        c.rotary_dim = v.get<int>();
-      else if (key == "packed")
-        c.packed = v.get<bool>();
-      else if (key == "inplace")
-        c.inplace = v.get<bool>();
-      else if (key == "backward")
-        c.backward = v.get<bool>();
-      else if (key == "positions")
-        c.positions = v.get<std::string>();
-      else if (key == "shared_positions")
-        c.shared_positions = v.get<bool>();
-      else if (key == "offset")
-        c.offset = v.get<std::int64_t>();
-      else if (key == "max_pos")
-        c.max_pos = v.get<std::int64_t>();
-      else if (key == "table")
-        c.table = v.get<std::string>();
-      else if (key == "precision")
-        c.precision = angle_precision_from_string(v.get<std::string>());
-      else if (key == "theta")
-        c.theta = v.get<double>();
-      else if (key == "seed")
-        c.seed = v.get<std::uint64_t>();
-      else if (key == "atol")
-        c.atol = v.get<double>();
-      else if (key == "rtol")
-        c.rtol = v.get<double>();
-      else
-        throw error("unknown key");
-    } catch (const nlohmann::json::exception& e) {
-      throw error("case '" + c.name + "': key '" + key + "' has a bad value " + v.dump());
+      if (!set(key, v)) throw error("unknown key");
+    } catch (const nlohmann::json::exception&) {
+      throw error("case '" + name + "': key '" + key + "' has a bad value " + v.dump());
     } catch (const error& e) {
-      throw error("case '" + c.name + "': key '" + key + "': " + e.what());
+      throw error("case '" + name + "': key '" + key + "': " + e.what());
     }
   }
-  return c;
 }
 
-std::vector<rope_case> cases_from_file(const std::string& path) {
+nlohmann::json read_case_list(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw error("cannot open case file '" + path + "'");
   nlohmann::json j;
@@ -478,8 +432,66 @@ std::vector<rope_case> cases_from_file(const std::string& path) {
   if (j.is_object() && j.contains("cases")) j = j["cases"];
   if (!j.is_array())
     throw error("case file '" + path + "' must hold a list of cases or {\"cases\": [...]}");
+  return j;
+}
+
+rope_case case_from_json(const nlohmann::json& j) {
+  rope_case c;
+  for_each_case_key(j, c.name, [&](const std::string& key, const nlohmann::json& v) {
+    if (key == "style")
+      c.style = rope_style_from_string(v.get<std::string>());
+    else if (key == "dtype")
+      c.x_type = dtype_from_string(v.get<std::string>());
+    else if (key == "layout")
+      c.layout = x_layout_from_string(v.get<std::string>());
+    else if (key == "batch")
+      c.batch = v.get<std::int64_t>();
+    else if (key == "tokens")
+      c.tokens = v.get<std::int64_t>();
+    else if (key == "q_heads")
+      c.q_heads = v.get<std::int64_t>();
+    else if (key == "k_heads")
+      c.k_heads = v.get<std::int64_t>();
+    else if (key == "head_dim")
+      c.head_dim = v.get<std::int64_t>();
+    else if (key == "rotary_dim")
+      c.rotary_dim = v.get<int>();
+    else if (key == "packed")
+      c.packed = v.get<bool>();
+    else if (key == "inplace")
+      c.inplace = v.get<bool>();
+    else if (key == "backward")
+      c.backward = v.get<bool>();
+    else if (key == "positions")
+      c.positions = v.get<std::string>();
+    else if (key == "shared_positions")
+      c.shared_positions = v.get<bool>();
+    else if (key == "offset")
+      c.offset = v.get<std::int64_t>();
+    else if (key == "max_pos")
+      c.max_pos = v.get<std::int64_t>();
+    else if (key == "table")
+      c.table = v.get<std::string>();
+    else if (key == "precision")
+      c.precision = angle_precision_from_string(v.get<std::string>());
+    else if (key == "theta")
+      c.theta = v.get<double>();
+    else if (key == "seed")
+      c.seed = v.get<std::uint64_t>();
+    else if (key == "atol")
+      c.atol = v.get<double>();
+    else if (key == "rtol")
+      c.rtol = v.get<double>();
+    else
+      return false;
+    return true;
+  });
+  return c;
+}
+
+std::vector<rope_case> cases_from_file(const std::string& path) {
   std::vector<rope_case> cases;
-  for (const auto& item : j) cases.push_back(case_from_json(item));
+  for (const auto& item : read_case_list(path)) cases.push_back(case_from_json(item));
   return cases;
 }
 

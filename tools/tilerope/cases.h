@@ -3,6 +3,7 @@
 // fp64 golden. `tilerope check` and the kernel tests run the same cases.
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -58,6 +59,13 @@ case_result run_case(const rope_case& c);
 
 // The built-in cases, embedded in the binary.
 std::vector<rope_case> builtin_cases();
+
+// Reads a case file: a JSON list of case objects, or {"cases": [...]}.
+nlohmann::json read_case_list(const std::string& path);
+// Sets `name` from the object's "name" and calls set(key, value) for every other key; set
+// returns false for an unknown key. Errors name the case and the key.
+void for_each_case_key(const nlohmann::json& j, std::string& name,
+                       const std::function<bool(const std::string&, const nlohmann::json&)>& set);
 
 // A case from a JSON object whose keys are the field names above; unknown keys are errors.
 rope_case case_from_json(const nlohmann::json& j);

@@ -130,24 +130,12 @@ void add_check_command(CLI::App& app, int& exit_code) {
       ref_cases = builtin_ref_cases();
     }
     for (const auto& f : *files) {
-      std::ifstream in(f);
-      if (!in) throw error("cannot open case file '" + f + "'");
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw error("case file '" + f + "' is not valid JSON: " + e.what());
-      }
-      if (j.is_object() && j.contains("cases")) j = j["cases"];
-      if (!j.is_array())
-        throw error("case file '" + f + "' must hold a list of cases or {\"cases\": [...]}");
-      for (const auto& item : j) {
-        if (!item.is_object())
-          throw error("case file '" + f + "': a case must be an object, got " + item.dump());
-        if (item.contains("kernel"))
+      for (const auto& item : read_case_list(f)) {
+        if (item.is_object() && item.contains("kernel")) {
           ref_cases.push_back(ref_case_from_json(item));
-        else
+        } else {
           rope_cases.push_back(case_from_json(item));
+        }
       }
     }
     std::printf("tilerope check: cpu target %s, %d threads\n", cpu_target().c_str(), num_threads());
