@@ -248,3 +248,51 @@ TEST(Validation, EmptyIsANoOp) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace tilerope;
+
+TEST(Validation, MultiAxisPositions) {
+  const std::vector<int> map = mrope_axis_map({8, 12, 8}, mrope_layout::chunked);  // 28, not 32
+  std::vector<std::int64_t> ids3(3 * 5, 1);
+  auto axes = [&](std::vector<std::int64_t>& ids, std::int64_t axes_n, std::vector<int> m) {
+    return rope_positions::from_axes(tensor_view::contiguous(ids.data(), dtype::i64, {axes_n, 5}),
+                                     std::move(m));
+  };
+  expect_rejected([&](fixture& f) { f.positions = axes(ids3, 3, map); },
+                  {"axis_of_frequency has 28 entries", "rotary_dim/2 (32)"});
+  std::vector<int> bad(32, 0);
+  bad[7] = 3;
+  expect_rejected([&](fixture& f) { f.positions = axes(ids3, 3, bad); },
+                  {"axis_of_frequency[7] (3)", "[0, 3)"});
+  expect_rejected(
+      [&](fixture& f) {
+        f.positions = rope_positions::from_axes(
+            tensor_view::contiguous(ids3.data(), dtype::i64, {3, 4}), std::vector<int>(32, 0));
+      },
+      {"positions shape [3, 4]", "[A, 5]"});
+  ids3[9] = -4;
+  expect_rejected([&](fixture& f) { f.positions = axes(ids3, 3, std::vector<int>(32, 1)); },
+                  {"(-4)"});
+  ids3[9] = 40;
+  expect_rejected([&](fixture& f) { f.positions = axes(ids3, 3, std::vector<int>(32, 1)); },
+                  {"position 40"});
+}
+
+TEST(Mrope, AxisMapsOfQwen2VlAndQwen3Vl) {
+  const auto chunked = mrope_axis_map({16, 24, 24}, mrope_layout::chunked);
+  ASSERT_EQ(chunked.size(), 64u);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(chunked[i], i < 16 ? 0 : i < 40 ? 1 : 2) << i;
+  const auto inter = mrope_axis_map({24, 20, 20}, mrope_layout::interleaved);
+  ASSERT_EQ(inter.size(), 64u);
+  // T H W T H W ... up to 3 * 20 = 60, then T
+  for (int i = 0; i < 60; ++i) EXPECT_EQ(inter[i], i % 3) << i;
+  for (int i = 60; i < 64; ++i) EXPECT_EQ(inter[i], 0) << i;
+  EXPECT_THROW(mrope_axis_map({-1, 2, 3}, mrope_layout::chunked), error);
+  EXPECT_EQ(mrope_layout_from_string(to_string(mrope_layout::interleaved)),
+            mrope_layout::interleaved);
+  EXPECT_THROW(mrope_layout_from_string("zigzag"), error);
+}
+
+}  // namespace

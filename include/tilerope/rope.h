@@ -26,6 +26,7 @@
 /// `backward` applies the inverse rotation (s_i -> -s_i): the gradient w.r.t. x of the forward.
 /// All arithmetic is fp32; f16 / bf16 are converted at load and rounded once at store.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -48,16 +49,35 @@ rope_style rope_style_from_string(std::string_view name);
 
 /// Where the position of each token comes from.
 struct rope_positions {
-  enum class source { ids, offset };
+  enum class source { ids, offset, axes };
   source from = source::offset;
-  tensor_view ids;         ///< i32 | i64: [T] for rank-3 x, [S] or [B, S] for rank-4 x
+  tensor_view ids;  ///< i32 | i64: [T] for rank-3 x, [S] or [B, S] for rank-4 x; axes: [A, T]
   std::int64_t start = 0;  ///< offset: token t (rank 3) or s (rank 4) has position start + t
+  std::vector<int> axis_of_frequency;  ///< axes: frequency i takes its position from axis [i]
 
   /// Position ids per token.
   static rope_positions from_ids(const tensor_view& ids);
   /// Consecutive positions start, start + 1, ... (decode at a KV-cache offset).
   static rope_positions from_offset(std::int64_t start);
+  /// Several positions per token, ids [A, T] (rank-3 x only), and for each of the rotary_dim/2
+  /// frequencies the axis it reads: angle_i = ids[axis_of_frequency[i], t] * inv_freq_i.
+  /// MRoPE (Qwen2-VL, Qwen3-VL) is this with A = 3 (temporal, height, width) and the map of
+  /// mrope_axis_map.
+  static rope_positions from_axes(const tensor_view& ids, std::vector<int> axis_of_frequency);
 };
+
+/// How mrope_section lays the three position axes over the frequencies.
+enum class mrope_layout {
+  chunked,      ///< [T..T H..H W..W], sections in order (Qwen2-VL, Qwen2.5-VL)
+  interleaved,  ///< [T H W T H W ... T..T] (Qwen3-VL): H at i % 3 == 1 below 3 * section[1],
+                ///< W at i % 3 == 2 below 3 * section[2], T elsewhere
+};
+std::string_view to_string(mrope_layout l);
+mrope_layout mrope_layout_from_string(std::string_view name);
+
+/// The axis (0 temporal, 1 height, 2 width) of each of the sum(section) frequencies.
+/// Throws tilerope::error for a negative section entry.
+std::vector<int> mrope_axis_map(const std::array<int, 3>& section, mrope_layout layout);
 
 /// Where cos/sin come from.
 struct rope_angles {

@@ -34,6 +34,45 @@ rope_positions rope_positions::from_offset(std::int64_t start) {
   return p;
 }
 
+rope_positions rope_positions::from_axes(const tensor_view& ids,
+                                         std::vector<int> axis_of_frequency) {
+  rope_positions p;
+  p.from = source::axes;
+  p.ids = ids;
+  p.axis_of_frequency = std::move(axis_of_frequency);
+  return p;
+}
+
+std::string_view to_string(mrope_layout l) {
+  return l == mrope_layout::chunked ? "chunked" : "interleaved";
+}
+
+mrope_layout mrope_layout_from_string(std::string_view name) {
+  if (name == "chunked") return mrope_layout::chunked;
+  if (name == "interleaved") return mrope_layout::interleaved;
+  throw error("mrope layout '" + std::string(name) + "' is not one of chunked, interleaved");
+}
+
+std::vector<int> mrope_axis_map(const std::array<int, 3>& section, mrope_layout layout) {
+  for (int s : section) {
+    if (s < 0) {
+      throw error("mrope_section [" + std::to_string(section[0]) + ", " +
+                  std::to_string(section[1]) + ", " + std::to_string(section[2]) +
+                  "] must not be negative");
+    }
+  }
+  const int n = section[0] + section[1] + section[2];
+  std::vector<int> axis(static_cast<std::size_t>(n), 0);
+  for (int i = 0; i < n; ++i) {
+    if (layout == mrope_layout::chunked) {
+      axis[i] = i < section[0] ? 0 : i < section[0] + section[1] ? 1 : 2;
+    } else {
+      axis[i] = (i % 3 == 1 && i < 3 * section[1]) ? 1 : (i % 3 == 2 && i < 3 * section[2]) ? 2 : 0;
+    }
+  }
+  return axis;
+}
+
 rope_angles rope_angles::from_table(const tensor_view& cos, const tensor_view& sin) {
   rope_angles a;
   a.from = source::table;
@@ -137,7 +176,8 @@ struct token_dims {
 };
 
 // Checks positions and returns the largest position used (-1 when there are no tokens).
-std::int64_t check_positions(const rope_positions& p, const tensor_view& q, token_dims t) {
+std::int64_t check_positions(const rope_positions& p, const tensor_view& q, token_dims t,
+                             std::int64_t half) {
   if (p.from == rope_positions::source::offset) {
     if (p.start < 0) throw error("position offset (" + num(p.start) + ") must be >= 0");
     return t.seq > 0 && t.batch > 0 ? p.start + t.seq - 1 : -1;
@@ -147,8 +187,28 @@ std::int64_t check_positions(const rope_positions& p, const tensor_view& q, toke
     throw error("positions dtype (" + std::string(to_string(ids.type)) + ") must be i32 or i64");
   }
   const bool rank4 = q.rank == 4;
+  const bool axes = p.from == rope_positions::source::axes;
+  if (axes) {
+    if (rank4)
+      throw error("multi-axis positions need q of rank 3 [T, H, D], got " + q.shape_string());
+    if (ids.rank != 2 || ids.shape[1] != t.seq || ids.shape[0] < 1) {
+      throw error("positions shape " + ids.shape_string() + " must be [A, " + num(t.seq) +
+                  "] (A axes, one position per token and axis) for q " + q.shape_string());
+    }
+    if (static_cast<std::int64_t>(p.axis_of_frequency.size()) != half) {
+      throw error("axis_of_frequency has " +
+                  num(static_cast<std::int64_t>(p.axis_of_frequency.size())) +
+                  " entries; rotary_dim/2 (" + num(half) + ") are needed");
+    }
+    for (std::size_t i = 0; i < p.axis_of_frequency.size(); ++i) {
+      if (p.axis_of_frequency[i] < 0 || p.axis_of_frequency[i] >= ids.shape[0]) {
+        throw error("axis_of_frequency[" + num(static_cast<std::int64_t>(i)) + "] (" +
+                    num(p.axis_of_frequency[i]) + ") must lie in [0, " + num(ids.shape[0]) + ")");
+      }
+    }
+  }
   const bool shape_ok =
-      (ids.rank == 1 && ids.shape[0] == t.seq) ||
+      axes || (ids.rank == 1 && ids.shape[0] == t.seq) ||
       (rank4 && ids.rank == 2 && ids.shape[0] == t.batch && ids.shape[1] == t.seq);
   if (!shape_ok) {
     const std::string want =
@@ -222,7 +282,7 @@ void check_overlaps(const rope_tensors& x, const rope_positions& p, const rope_a
   std::size_t n_read = 0;
   read[n_read++] = {"q", &x.q};
   if (x.k) read[n_read++] = {"k", &*x.k};
-  if (p.from == rope_positions::source::ids) read[n_read++] = {"positions", &p.ids};
+  if (p.from != rope_positions::source::offset) read[n_read++] = {"positions", &p.ids};
   if (a.from == rope_angles::source::table) {
     read[n_read++] = {"cos", &a.cos};
     read[n_read++] = {"sin", &a.sin};
@@ -294,7 +354,7 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
   }
   const std::int64_t half = rotary_dim / 2;
   const token_dims t = q.rank == 4 ? token_dims{q.shape[0], q.shape[1]} : token_dims{1, q.shape[0]};
-  const std::int64_t largest = check_positions(positions, q, t);
+  const std::int64_t largest = check_positions(positions, q, t, half);
 
   detail::rope_plan plan;
   std::vector<double> inv_freq;
@@ -354,7 +414,13 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
     set_block(plan.blocks[1], *x.k, x.k_out ? *x.k_out : *x.k);
     plan.num_blocks = 2;
   }
-  if (positions.from == rope_positions::source::ids) {
+  if (positions.from == rope_positions::source::axes) {
+    plan.ids = positions.ids.data;
+    plan.ids_type = positions.ids.type;
+    plan.ids_axis = positions.ids.strides[0];
+    plan.axis_of_frequency = positions.axis_of_frequency.data();
+    plan.ids_s = 1;
+  } else if (positions.from == rope_positions::source::ids) {
     plan.ids = positions.ids.data;
     plan.ids_type = positions.ids.type;
     plan.ids_b = positions.ids.rank == 2 ? positions.ids.strides[0] : 0;

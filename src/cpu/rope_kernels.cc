@@ -302,6 +302,47 @@ void angles_at(const rope_plan& p, std::int64_t pos, float* scratch, const float
 
 constexpr std::int64_t prefetch_tokens = 2;
 
+// Multi-axis positions (MRoPE): each frequency reads the position of its own axis, so the
+// row is gathered entry by entry into `scratch`.
+void axis_angles_at(const rope_plan& p, std::int64_t token, float* scratch, const float*& c,
+                    const float*& s) {
+  const std::int64_t half = p.rotary_dim / 2;
+  float* cc = scratch;
+  float* ss = scratch + half;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const std::int64_t at = p.axis_of_frequency[i] * p.ids_axis + token;
+    const std::int64_t pos = p.ids_type == dtype::i32 ? static_cast<const std::int32_t*>(p.ids)[at]
+                                                      : static_cast<const std::int64_t*>(p.ids)[at];
+    if (p.cos != nullptr) {
+      const std::int64_t e = pos * p.table_row + i;
+      switch (p.table_type) {
+        case dtype::f16:
+          cc[i] = f16_bits_to_f32(static_cast<const std::uint16_t*>(p.cos)[e]);
+          ss[i] = f16_bits_to_f32(static_cast<const std::uint16_t*>(p.sin)[e]);
+          break;
+        case dtype::bf16:
+          cc[i] = bf16_bits_to_f32(static_cast<const std::uint16_t*>(p.cos)[e]);
+          ss[i] = bf16_bits_to_f32(static_cast<const std::uint16_t*>(p.sin)[e]);
+          break;
+        default:
+          cc[i] = static_cast<const float*>(p.cos)[e];
+          ss[i] = static_cast<const float*>(p.sin)[e];
+      }
+    } else if (p.precision == angle_precision::accurate) {
+      const double a = static_cast<double>(pos) * p.inv_freq[i];
+      cc[i] = static_cast<float>(std::cos(a));
+      ss[i] = static_cast<float>(std::sin(a));
+    } else {
+      const double a = static_cast<float>(pos) * p.inv_freq_f32[i];
+      cc[i] = round_to(p.x_type, static_cast<float>(std::cos(a)));
+      ss[i] = round_to(p.x_type, static_cast<float>(std::sin(a)));
+    }
+    if (p.backward) ss[i] = -ss[i];
+  }
+  c = cc;
+  s = ss;
+}
+
 template <class IO>
 void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
@@ -314,7 +355,11 @@ void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last
   const float* s = nullptr;
   for (std::int64_t t = first; t < last; ++t) {
     const std::int64_t b = t / p.seq, q = t % p.seq;
-    angles_at(p, position_of(p, b, q), scratch.data(), c, s);
+    if (p.axis_of_frequency != nullptr) {
+      axis_angles_at(p, q, scratch.data(), c, s);
+    } else {
+      angles_at(p, position_of(p, b, q), scratch.data(), c, s);
+    }
     for (int k = 0; k < p.num_blocks; ++k) {
       const head_block& blk = p.blocks[k];
       const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;

@@ -33,6 +33,9 @@ struct rope_plan {
   dtype ids_type = dtype::i64;
   std::int64_t ids_b = 0, ids_s = 0;
   std::int64_t start = 0;
+  // multi-axis positions: frequency i of token s reads ids[axis_of_frequency[i] * ids_axis + s]
+  const int* axis_of_frequency = nullptr;
+  std::int64_t ids_axis = 0;
 
   // angles: table rows cos[p * table_row], or computed from inv_freq
   const void* cos = nullptr;

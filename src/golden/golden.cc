@@ -135,6 +135,16 @@ void mrope_row(const std::int64_t section[3], std::int64_t D, const double* cons
   }
 }
 
+int mrope_axis(const int section[3], bool interleaved, int i) {
+  if (!interleaved) {
+    if (i < section[0]) return 0;
+    return i < section[0] + section[1] ? 1 : 2;
+  }
+  if (i % 3 == 1 && i < 3 * section[1]) return 1;
+  if (i % 3 == 2 && i < 3 * section[2]) return 2;
+  return 0;
+}
+
 void rms_norm(std::int64_t rows, std::int64_t D, const double* x, const double* w, double eps,
               double* y) {
   for (std::int64_t r = 0; r < rows; ++r) {

@@ -62,6 +62,12 @@ void rope_full(std::int64_t rows, std::int64_t D, const double* x,
 void mrope_row(const std::int64_t section[3], std::int64_t D, const double* const planes[3],
                double* out);
 
+// MRoPE's position axis for frequency i (0 temporal, 1 height, 2 width). Chunked (Qwen2-VL):
+// the first section[0] frequencies are temporal, the next section[1] height, the rest width.
+// Interleaved (Qwen3-VL): T H W T H W ..., height only below 3*section[1], width below
+// 3*section[2].
+int mrope_axis(const int section[3], bool interleaved, int i);
+
 // h = x * (mean(x^2) + eps)^-1/2 * w on rows of D.
 void rms_norm(std::int64_t rows, std::int64_t D, const double* x, const double* w, double eps,
               double* y);

@@ -131,6 +131,7 @@ void check_case_fields(const rope_case& c) {
   }
   if (c.max_pos < 1 || c.offset < 0) bad("max_pos must be >= 1 and offset >= 0");
   if (c.packed && c.k_heads == 0) bad("packed needs k_heads > 0");
+  if (c.mrope_section && c.layout != x_layout::thd) bad("mrope_section needs the thd layout");
   const double big = 1e9;
   if (c.batch * c.tokens * (c.q_heads + 2 * c.k_heads) * c.head_dim > big) bad("too large");
 }
@@ -138,7 +139,8 @@ void check_case_fields(const rope_case& c) {
 }  // namespace
 
 std::string variant_of(const rope_case& c) {
-  return std::string(to_string(c.style)) + (c.backward ? "-bwd" : "");
+  std::string v = c.mrope_section ? "mrope-" + std::string(to_string(c.mrope)) + "-" : "";
+  return v + std::string(to_string(c.style)) + (c.backward ? "-bwd" : "");
 }
 
 std::string shape_of(const rope_case& c) {
@@ -210,11 +212,35 @@ case_result run_case(const rope_case& c) {
     store_from_f64(ids.data(), id_type, static_cast<std::size_t>(i),
                    static_cast<double>(pos[static_cast<std::size_t>(i)]));
   }
-  const rope_positions positions = c.positions == "offset" ? rope_positions::from_offset(c.offset)
-                                                           : rope_positions::from_ids(ids);
+  rope_positions positions = c.positions == "offset" ? rope_positions::from_offset(c.offset)
+                                                     : rope_positions::from_ids(ids);
+  // MRoPE: three positions per token, and the per-frequency axis (golden: its own map)
+  const std::int64_t half_dim = rotary / 2;
+  std::vector<std::int64_t> axis_pos;  // [3, T]
+  tensor axis_ids;
+  if (c.mrope_section) {
+    axis_ids = tensor(id_type, {3, S});
+    for (std::int64_t i = 0; i < 3 * S; ++i) {
+      axis_pos.push_back(c.positions == "offset" ? c.offset + i % S + (i / S) * 7 : uniform(rng));
+      store_from_f64(axis_ids.data(), id_type, static_cast<std::size_t>(i),
+                     static_cast<double>(axis_pos.back()));
+    }
+    positions = rope_positions::from_axes(axis_ids, mrope_axis_map(*c.mrope_section, c.mrope));
+  }
+  const int sec[3] = {c.mrope_section ? (*c.mrope_section)[0] : 0,
+                      c.mrope_section ? (*c.mrope_section)[1] : 0,
+                      c.mrope_section ? (*c.mrope_section)[2] : 0};
+  // the position frequency i of token t rotates by
+  auto position_at = [&](std::int64_t t, std::int64_t i) {
+    if (!c.mrope_section) return pos[static_cast<std::size_t>(t)];
+    const int axis =
+        golden::mrope_axis(sec, c.mrope == mrope_layout::interleaved, static_cast<int>(i));
+    return axis_pos[static_cast<std::size_t>(axis * S + t)];
+  };
 
   // Angles, and the golden's view of the same cos/sin.
-  const std::int64_t largest = pos.empty() ? 0 : *std::max_element(pos.begin(), pos.end());
+  std::int64_t largest = pos.empty() ? 0 : *std::max_element(pos.begin(), pos.end());
+  for (std::int64_t p : axis_pos) largest = std::max(largest, p);
   std::vector<double> gcos, gsin;
   rope_table table;
   rope_angles angles;
@@ -222,21 +248,37 @@ case_result run_case(const rope_case& c) {
     table = make_rope_table(std::max(c.max_pos, largest + 1), rotary, c.theta,
                             dtype_from_string(c.table), c.precision);
     angles = rope_angles::from_table(table.cos, table.sin);
-    const std::int64_t half = rotary / 2;
-    for (std::int64_t p : pos) {
-      for (std::int64_t i = 0; i < half; ++i) {
-        gcos.push_back(load_as_f64(table.cos.data(), table.cos.type(),
-                                   static_cast<std::size_t>(p * half + i)));
-        gsin.push_back(load_as_f64(table.sin.data(), table.sin.type(),
-                                   static_cast<std::size_t>(p * half + i)));
+    for (std::int64_t t = 0; t < B * S; ++t) {
+      for (std::int64_t i = 0; i < half_dim; ++i) {
+        const auto at = static_cast<std::size_t>(position_at(t, i) * half_dim + i);
+        gcos.push_back(load_as_f64(table.cos.data(), table.cos.type(), at));
+        gsin.push_back(load_as_f64(table.sin.data(), table.sin.type(), at));
       }
     }
-  } else {
+  } else if (!c.mrope_section) {
     angles = rope_angles::from_theta(c.theta, c.precision);
     if (c.precision == angle_precision::accurate) {
       golden::angles(golden::inv_freq(rotary, c.theta), pos, gcos, gsin);
     } else {
       golden::angles_hf(rotary, c.theta, pos, c.x_type, gcos, gsin);
+    }
+  } else {  // per frequency, each at the position of its axis
+    angles = rope_angles::from_theta(c.theta, c.precision);
+    const auto inv = golden::inv_freq(rotary, c.theta);
+    for (std::int64_t t = 0; t < S; ++t) {
+      for (std::int64_t i = 0; i < half_dim; ++i) {
+        const auto ui = static_cast<std::size_t>(i);
+        std::vector<double> cs, sn;
+        if (c.precision == angle_precision::accurate) {
+          golden::angles({inv[ui]}, {position_at(t, i)}, cs, sn);
+          gcos.push_back(cs[0]);
+          gsin.push_back(sn[0]);
+        } else {
+          golden::angles_hf(rotary, c.theta, {position_at(t, i)}, c.x_type, cs, sn);
+          gcos.push_back(cs[ui]);
+          gsin.push_back(sn[ui]);
+        }
+      }
     }
   }
 
@@ -399,6 +441,50 @@ std::vector<rope_case> builtin_cases() {
       cases.push_back(c);
     }
   }
+  // MRoPE: positions [3, T], Qwen2-VL's chunked sections and Qwen3-VL's interleaved ones
+  struct mrope_spec {
+    const char* name;
+    std::array<int, 3> section;
+    mrope_layout layout;
+  };
+  for (const mrope_spec m : {mrope_spec{"qwen2vl", {16, 24, 24}, mrope_layout::chunked},
+                             mrope_spec{"qwen3vl", {24, 20, 20}, mrope_layout::interleaved}}) {
+    for (dtype t : types) {
+      for (bool packed : {false, true}) {
+        rope_case c = make(std::string("mrope-") + m.name + "-" + std::string(to_string(t)) +
+                               (packed ? "-packed-16x2" : ""),
+                           rope_style::neox, t, 128, packed ? 31 : 9);
+        c.mrope_section = m.section;
+        c.mrope = m.layout;
+        c.q_heads = packed ? 16 : 4;
+        c.k_heads = 2;
+        c.packed = packed;
+        c.inplace = !packed || t != dtype::f16;
+        c.positions = t == dtype::f16 ? "i32" : "i64";
+        c.theta = 1e6;
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+    }
+    for (int variant = 0; variant < 4; ++variant) {
+      rope_case c = make(std::string("mrope-") + m.name, rope_style::neox, dtype::f32, 128, 5);
+      c.mrope_section = m.section;
+      c.mrope = m.layout;
+      c.seed = seed++;
+      if (variant == 0) c.name += "-backward", c.backward = true;
+      if (variant == 1) c.name += "-computed", c.table = "none";
+      if (variant == 2)
+        c.name += "-computed-hf", c.table = "none", c.precision = angle_precision::hf_compat;
+      if (variant == 3) {
+        c.name += "-table-bf16-partial-r64";
+        c.table = "bf16";
+        c.rotary_dim = 64;
+        c.mrope_section = m.layout == mrope_layout::chunked ? std::array<int, 3>{8, 12, 12}
+                                                            : std::array<int, 3>{12, 10, 10};
+      }
+      cases.push_back(c);
+    }
+  }
   rope_case empty = make("neox-empty-t0", rope_style::neox, dtype::f32, 64, 0);
   cases.push_back(empty);
   return cases;
@@ -482,6 +568,10 @@ rope_case case_from_json(const nlohmann::json& j) {
       c.atol = v.get<double>();
     else if (key == "rtol")
       c.rtol = v.get<double>();
+    else if (key == "mrope_section")
+      c.mrope_section = v.get<std::array<int, 3>>();
+    else if (key == "mrope_layout")
+      c.mrope = mrope_layout_from_string(v.get<std::string>());
     else
       return false;
     return true;

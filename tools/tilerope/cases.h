@@ -2,6 +2,7 @@
 // Check cases: one rope_apply configuration, its seeded inputs, and its comparison against the
 // fp64 golden. `tilerope check` and the kernel tests run the same cases.
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
@@ -40,6 +41,10 @@ struct rope_case {
   double theta = 10000.0;
   std::uint64_t seed = 1;
   std::optional<double> atol, rtol;  // default: the golden's tolerance table
+  // MRoPE: positions [3, T] (temporal, height, width), sections over the rotary_dim/2
+  // frequencies (thd layout only)
+  std::optional<std::array<int, 3>> mrope_section;
+  mrope_layout mrope = mrope_layout::chunked;
 };
 
 struct case_result {
