@@ -296,3 +296,23 @@ TEST(Mrope, AxisMapsOfQwen2VlAndQwen3Vl) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Vision2d, FrequenciesAndErrors) {
+  using namespace tilerope;
+  const auto f = qwen2vl_vision_frequencies(80, 10000.0);
+  ASSERT_EQ(f.inv_freq.size(), 40u);
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(f.axis_of_frequency[i], i < 20 ? 0 : 1);
+    EXPECT_NEAR(f.inv_freq[i], std::pow(10000.0, -2.0 * (i % 20) / 40.0), 1e-15);
+  }
+  try {
+    qwen2vl_vision_frequencies(6);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim (6)"), std::string::npos);
+  }
+}
+
+}  // namespace

@@ -79,6 +79,19 @@ mrope_layout mrope_layout_from_string(std::string_view name);
 /// Throws tilerope::error for a negative section entry.
 std::vector<int> mrope_axis_map(const std::array<int, 3>& section, mrope_layout layout);
 
+/// Qwen2-VL's vision-tower RoPE (also Qwen2.5-VL's): each patch has a (row, col) position;
+/// head_dim/4 frequencies theta^(-2j / (head_dim/2)) serve each axis. Frequency i of the
+/// head_dim/2 reads the row for i < head_dim/4 and the column after, with
+/// inv_freq[i] = theta^(-2 (i mod head_dim/4) / (head_dim/2)); neox style over the whole head.
+/// Use with rope_positions::from_axes(ids [2, T], axis_of_frequency) and
+/// rope_angles::from_inv_freq(inv_freq) (or make_rope_table(max_pos, inv_freq)).
+struct vision_2d_frequencies {
+  std::vector<double> inv_freq;        ///< head_dim/2 entries
+  std::vector<int> axis_of_frequency;  ///< 0 (row) or 1 (column), head_dim/2 entries
+};
+/// Throws tilerope::error unless head_dim is a positive multiple of 4 and theta is finite > 0.
+vision_2d_frequencies qwen2vl_vision_frequencies(int head_dim, double theta = 10000.0);
+
 /// Where cos/sin come from.
 struct rope_angles {
   enum class source { table, inv_freq };

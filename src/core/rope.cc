@@ -73,6 +73,22 @@ std::vector<int> mrope_axis_map(const std::array<int, 3>& section, mrope_layout 
   return axis;
 }
 
+vision_2d_frequencies qwen2vl_vision_frequencies(int head_dim, double theta) {
+  if (head_dim <= 0 || head_dim % 4 != 0) {
+    throw error("head_dim (" + std::to_string(head_dim) +
+                ") must be a positive multiple of 4 for 2D vision RoPE");
+  }
+  const std::vector<double> per_axis = rope_inv_freq(head_dim / 2, theta);  // head_dim/4 of them
+  vision_2d_frequencies f;
+  for (int axis = 0; axis < 2; ++axis) {
+    for (double v : per_axis) {
+      f.inv_freq.push_back(v);
+      f.axis_of_frequency.push_back(axis);
+    }
+  }
+  return f;
+}
+
 rope_angles rope_angles::from_table(const tensor_view& cos, const tensor_view& sin) {
   rope_angles a;
   a.from = source::table;

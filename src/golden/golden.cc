@@ -145,6 +145,12 @@ int mrope_axis(const int section[3], bool interleaved, int i) {
   return 0;
 }
 
+std::pair<int, double> vision_2d_frequency(std::int64_t head_dim, double theta, std::int64_t i) {
+  const std::int64_t quarter = head_dim / 4;
+  const double j = static_cast<double>(i % quarter);
+  return {i < quarter ? 0 : 1, std::pow(theta, -2.0 * j / static_cast<double>(head_dim / 2))};
+}
+
 void rms_norm(std::int64_t rows, std::int64_t D, const double* x, const double* w, double eps,
               double* y) {
   for (std::int64_t r = 0; r < rows; ++r) {

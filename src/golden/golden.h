@@ -3,6 +3,7 @@
 // kernels (only the rope_style enum), so that agreement between the two means something.
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "tilerope/dtype.h"
@@ -67,6 +68,10 @@ void mrope_row(const std::int64_t section[3], std::int64_t D, const double* cons
 // Interleaved (Qwen3-VL): T H W T H W ..., height only below 3*section[1], width below
 // 3*section[2].
 int mrope_axis(const int section[3], bool interleaved, int i);
+
+// Qwen2-VL vision RoPE, frequency i of head_dim/2: (axis, inv_freq) = (0 row | 1 column,
+// theta^(-(2 (i mod D/4)) / (D/2))).
+std::pair<int, double> vision_2d_frequency(std::int64_t head_dim, double theta, std::int64_t i);
 
 // h = x * (mean(x^2) + eps)^-1/2 * w on rows of D.
 void rms_norm(std::int64_t rows, std::int64_t D, const double* x, const double* w, double eps,

@@ -132,6 +132,12 @@ void check_case_fields(const rope_case& c) {
   if (c.max_pos < 1 || c.offset < 0) bad("max_pos must be >= 1 and offset >= 0");
   if (c.packed && c.k_heads == 0) bad("packed needs k_heads > 0");
   if (c.mrope_section && c.layout != x_layout::thd) bad("mrope_section needs the thd layout");
+  if (c.vision_2d && (c.layout != x_layout::thd || c.mrope_section ||
+                      (c.rotary_dim && c.rotary_dim != c.head_dim) || c.head_dim % 4 ||
+                      c.precision != angle_precision::accurate)) {
+    bad("vision_2d needs the thd layout, full rotary, head_dim % 4 == 0, accurate angles, no "
+        "mrope_section");
+  }
   const double big = 1e9;
   if (c.batch * c.tokens * (c.q_heads + 2 * c.k_heads) * c.head_dim > big) bad("too large");
 }
@@ -140,6 +146,7 @@ void check_case_fields(const rope_case& c) {
 
 std::string variant_of(const rope_case& c) {
   std::string v = c.mrope_section ? "mrope-" + std::string(to_string(c.mrope)) + "-" : "";
+  if (c.vision_2d) v = "vision2d-";
   return v + std::string(to_string(c.style)) + (c.backward ? "-bwd" : "");
 }
 
@@ -214,39 +221,49 @@ case_result run_case(const rope_case& c) {
   }
   rope_positions positions = c.positions == "offset" ? rope_positions::from_offset(c.offset)
                                                      : rope_positions::from_ids(ids);
-  // MRoPE: three positions per token, and the per-frequency axis (golden: its own map)
+  // Several positions per token (MRoPE: 3 axes, vision: 2), and per frequency the axis it
+  // reads; the golden has its own maps and frequencies.
   const std::int64_t half_dim = rotary / 2;
-  std::vector<std::int64_t> axis_pos;  // [3, T]
+  const bool multi_axis = c.mrope_section.has_value() || c.vision_2d;
+  const std::int64_t n_axes = c.vision_2d ? 2 : 3;
+  std::vector<std::int64_t> axis_pos;  // [A, T]
   tensor axis_ids;
-  if (c.mrope_section) {
-    axis_ids = tensor(id_type, {3, S});
-    for (std::int64_t i = 0; i < 3 * S; ++i) {
+  vision_2d_frequencies vision;
+  if (multi_axis) {
+    axis_ids = tensor(id_type, {n_axes, S});
+    for (std::int64_t i = 0; i < n_axes * S; ++i) {
       axis_pos.push_back(c.positions == "offset" ? c.offset + i % S + (i / S) * 7 : uniform(rng));
       store_from_f64(axis_ids.data(), id_type, static_cast<std::size_t>(i),
                      static_cast<double>(axis_pos.back()));
     }
-    positions = rope_positions::from_axes(axis_ids, mrope_axis_map(*c.mrope_section, c.mrope));
+    if (c.vision_2d) {
+      vision = qwen2vl_vision_frequencies(static_cast<int>(D), c.theta);
+      positions = rope_positions::from_axes(axis_ids, vision.axis_of_frequency);
+    } else {
+      positions = rope_positions::from_axes(axis_ids, mrope_axis_map(*c.mrope_section, c.mrope));
+    }
   }
   const int sec[3] = {c.mrope_section ? (*c.mrope_section)[0] : 0,
                       c.mrope_section ? (*c.mrope_section)[1] : 0,
                       c.mrope_section ? (*c.mrope_section)[2] : 0};
   // the position frequency i of token t rotates by
   auto position_at = [&](std::int64_t t, std::int64_t i) {
-    if (!c.mrope_section) return pos[static_cast<std::size_t>(t)];
-    const int axis =
-        golden::mrope_axis(sec, c.mrope == mrope_layout::interleaved, static_cast<int>(i));
+    if (!multi_axis) return pos[static_cast<std::size_t>(t)];
+    const int axis = c.vision_2d ? golden::vision_2d_frequency(D, c.theta, i).first
+                                 : golden::mrope_axis(sec, c.mrope == mrope_layout::interleaved,
+                                                      static_cast<int>(i));
     return axis_pos[static_cast<std::size_t>(axis * S + t)];
   };
-
-  // Angles, and the golden's view of the same cos/sin.
   std::int64_t largest = pos.empty() ? 0 : *std::max_element(pos.begin(), pos.end());
   for (std::int64_t p : axis_pos) largest = std::max(largest, p);
   std::vector<double> gcos, gsin;
   rope_table table;
   rope_angles angles;
   if (c.table != "none") {
-    table = make_rope_table(std::max(c.max_pos, largest + 1), rotary, c.theta,
-                            dtype_from_string(c.table), c.precision);
+    table = c.vision_2d ? make_rope_table(std::max(c.max_pos, largest + 1), vision.inv_freq,
+                                          dtype_from_string(c.table))
+                        : make_rope_table(std::max(c.max_pos, largest + 1), rotary, c.theta,
+                                          dtype_from_string(c.table), c.precision);
     angles = rope_angles::from_table(table.cos, table.sin);
     for (std::int64_t t = 0; t < B * S; ++t) {
       for (std::int64_t i = 0; i < half_dim; ++i) {
@@ -255,7 +272,7 @@ case_result run_case(const rope_case& c) {
         gsin.push_back(load_as_f64(table.sin.data(), table.sin.type(), at));
       }
     }
-  } else if (!c.mrope_section) {
+  } else if (!multi_axis) {
     angles = rope_angles::from_theta(c.theta, c.precision);
     if (c.precision == angle_precision::accurate) {
       golden::angles(golden::inv_freq(rotary, c.theta), pos, gcos, gsin);
@@ -263,8 +280,13 @@ case_result run_case(const rope_case& c) {
       golden::angles_hf(rotary, c.theta, pos, c.x_type, gcos, gsin);
     }
   } else {  // per frequency, each at the position of its axis
-    angles = rope_angles::from_theta(c.theta, c.precision);
-    const auto inv = golden::inv_freq(rotary, c.theta);
+    angles = c.vision_2d ? rope_angles::from_inv_freq(vision.inv_freq, c.precision)
+                         : rope_angles::from_theta(c.theta, c.precision);
+    std::vector<double> inv = golden::inv_freq(rotary, c.theta);
+    if (c.vision_2d) {
+      for (std::int64_t i = 0; i < half_dim; ++i)
+        inv[static_cast<std::size_t>(i)] = golden::vision_2d_frequency(D, c.theta, i).second;
+    }
     for (std::int64_t t = 0; t < S; ++t) {
       for (std::int64_t i = 0; i < half_dim; ++i) {
         const auto ui = static_cast<std::size_t>(i);
@@ -485,6 +507,32 @@ std::vector<rope_case> builtin_cases() {
       cases.push_back(c);
     }
   }
+  // Qwen2-VL's vision tower: (row, col) per patch, head_dim 80 (16 heads), q and k packed
+  for (dtype t : types) {
+    for (std::int64_t d : {80, 64, 128}) {
+      rope_case c = make("vision2d-" + std::string(to_string(t)) + "-d" + std::to_string(d),
+                         rope_style::neox, t, d, d == 80 ? 37 : 9);
+      c.vision_2d = true;
+      c.q_heads = d == 80 ? 16 : 4;
+      c.k_heads = c.q_heads;
+      c.packed = d == 80;
+      c.inplace = d != 64;
+      c.max_pos = 64;  // patch rows and columns of a 64 x 64 grid
+      c.positions = d == 128 ? "i32" : "i64";
+      c.table = d == 128 ? "none" : "f32";
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  for (int variant = 0; variant < 2; ++variant) {
+    rope_case c = make(variant ? "vision2d-backward" : "vision2d-table-bf16", rope_style::neox,
+                       dtype::f32, 80, 7);
+    c.vision_2d = true;
+    c.backward = variant == 1;
+    c.table = variant ? "f32" : "bf16";
+    c.seed = seed++;
+    cases.push_back(c);
+  }
   rope_case empty = make("neox-empty-t0", rope_style::neox, dtype::f32, 64, 0);
   cases.push_back(empty);
   return cases;
@@ -572,6 +620,8 @@ rope_case case_from_json(const nlohmann::json& j) {
       c.mrope_section = v.get<std::array<int, 3>>();
     else if (key == "mrope_layout")
       c.mrope = mrope_layout_from_string(v.get<std::string>());
+    else if (key == "vision_2d")
+      c.vision_2d = v.get<bool>();
     else
       return false;
     return true;

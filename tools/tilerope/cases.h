@@ -45,6 +45,8 @@ struct rope_case {
   // frequencies (thd layout only)
   std::optional<std::array<int, 3>> mrope_section;
   mrope_layout mrope = mrope_layout::chunked;
+  // Qwen2-VL vision: positions [2, T] (row, column), head_dim/4 frequencies per axis
+  bool vision_2d = false;
 };
 
 struct case_result {
