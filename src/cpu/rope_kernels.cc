@@ -13,6 +13,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/rope_kernels.cc"
 #include "cpu/rope_plan.h"
+#include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
@@ -88,6 +89,11 @@ struct f32_io {
   using storage = float;
   static vf32 load(df32 d, const float* p) { return hn::LoadU(d, p); }
   static void store(df32 d, vf32 v, float* p) { hn::StoreU(v, d, p); }
+  // the stored vector, its descriptor and lane type (for streaming stores)
+  using out_tag = df32;
+  using out_lane = float;
+  static constexpr bool pairs_encode = false;
+  static vf32 encode(df32, vf32 v) { return v; }
   static void load_pairs(df32 d, const float* p, vf32& even, vf32& odd) {
     hn::LoadInterleaved2(d, p, even, odd);
   }
@@ -102,9 +108,6 @@ using du32_t = hn::RebindToUnsigned<df32>;
 HWY_INLINE hn::Vec<du32_t> load_u16_pairs(const std::uint16_t* p) {
   return hn::LoadU(du32_t(), reinterpret_cast<const std::uint32_t*>(p));
 }
-HWY_INLINE void store_u16_pairs(hn::Vec<du32_t> lo, hn::Vec<du32_t> hi, std::uint16_t* p) {
-  hn::StoreU(hn::Or(lo, hn::ShiftLeft<16>(hi)), du32_t(), reinterpret_cast<std::uint32_t*>(p));
-}
 
 struct f16_io {
   using storage = std::uint16_t;
@@ -117,16 +120,21 @@ struct f16_io {
     return f16_to_f32(d, hn::PromoteTo(hn::RebindToUnsigned<df32>(), hn::LoadU(d16, p)));
 #endif
   }
-  static void store(df32 d, vf32 v, std::uint16_t* p) {
+  using out_tag = hn::Rebind<std::uint16_t, df32>;
+  using out_lane = std::uint16_t;
+  static constexpr bool pairs_encode = true;
+  static hn::Vec<out_tag> encode(df32 d, vf32 v) {
 #if HWY_TARGET <= HWY_AVX2
     // F16C's vcvtps2ph with rounding immediate 0: round to nearest even.
-    const hn::Rebind<hwy::float16_t, df32> dh;
-    hn::StoreU(hn::DemoteTo(dh, v), dh, reinterpret_cast<hwy::float16_t*>(p));
+    (void)d;
+    return hn::BitCast(out_tag(), hn::DemoteTo(hn::Rebind<hwy::float16_t, df32>(), v));
 #else
-    const hn::Rebind<std::uint16_t, df32> d16;
-    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<df32>(), f32_to_f16(d, v))), d16,
-               p);
+    return hn::DemoteTo(out_tag(), hn::BitCast(hn::RebindToSigned<df32>(), f32_to_f16(d, v)));
 #endif
+  }
+  static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
+  static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
+    return hn::Or(f32_to_f16(d, even), hn::ShiftLeft<16>(f32_to_f16(d, odd)));
   }
   static void load_pairs(df32 d, const std::uint16_t* p, vf32& even, vf32& odd) {
     const auto u = load_u16_pairs(p);
@@ -134,7 +142,7 @@ struct f16_io {
     odd = f16_to_f32(d, hn::ShiftRight<16>(u));
   }
   static void store_pairs(df32 d, vf32 even, vf32 odd, std::uint16_t* p) {
-    store_u16_pairs(f32_to_f16(d, even), f32_to_f16(d, odd), p);
+    hn::StoreU(encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
   }
 };
 
@@ -145,10 +153,15 @@ struct bf16_io {
     const auto wide = hn::PromoteTo(hn::RebindToUnsigned<df32>(), hn::LoadU(d16, p));
     return hn::BitCast(d, hn::ShiftLeft<16>(wide));
   }
-  static void store(df32 d, vf32 v, std::uint16_t* p) {
-    const hn::Rebind<std::uint16_t, df32> d16;
-    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<df32>(), f32_to_bf16(d, v))), d16,
-               p);
+  using out_tag = hn::Rebind<std::uint16_t, df32>;
+  using out_lane = std::uint16_t;
+  static constexpr bool pairs_encode = true;
+  static hn::Vec<out_tag> encode(df32 d, vf32 v) {
+    return hn::DemoteTo(out_tag(), hn::BitCast(hn::RebindToSigned<df32>(), f32_to_bf16(d, v)));
+  }
+  static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
+  static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
+    return hn::Or(f32_to_bf16(d, even), hn::ShiftLeft<16>(f32_to_bf16(d, odd)));
   }
   static void load_pairs(df32 d, const std::uint16_t* p, vf32& even, vf32& odd) {
     const auto u = load_u16_pairs(p);
@@ -156,7 +169,26 @@ struct bf16_io {
     odd = hn::BitCast(d, hn::And(u, hn::Set(du32_t(), 0xffff0000u)));
   }
   static void store_pairs(df32 d, vf32 even, vf32 odd, std::uint16_t* p) {
-    store_u16_pairs(f32_to_bf16(d, even), f32_to_bf16(d, odd), p);
+    hn::StoreU(encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
+  }
+};
+
+// The same element type with non-temporal (streaming) stores, for large out-of-place calls:
+// the output lines are written whole, so they need not be read for ownership first. Needs
+// vector-aligned stores (the caller checks). f32 pairs are stored interleaved by two stores
+// of halves, which is not one aligned vector: they keep normal stores.
+template <class IO>
+struct streaming_io : IO {
+  static void store(df32 d, vf32 v, typename IO::storage* p) {
+    hn::Stream(IO::encode(d, v), typename IO::out_tag(),
+               reinterpret_cast<typename IO::out_lane*>(p));
+  }
+  static void store_pairs(df32 d, vf32 even, vf32 odd, typename IO::storage* p) {
+    if constexpr (IO::pairs_encode) {
+      hn::Stream(IO::encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
+    } else {
+      IO::store_pairs(d, even, odd, p);
+    }
   }
 };
 
@@ -344,7 +376,7 @@ void axis_angles_at(const rope_plan& p, std::int64_t token, float* scratch, cons
 }
 
 template <class IO>
-void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last) {
+void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
@@ -384,6 +416,48 @@ void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last
         if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
       }
     }
+  }
+}
+
+// Large out-of-place calls whose every output vector is aligned take streaming stores.
+constexpr std::int64_t min_streaming_bytes = 8 << 20;  // well past the L2 caches
+
+template <class IO>
+bool can_stream(const rope_plan& p) {
+#if HWY_TARGET <= HWY_AVX2
+  using T = typename IO::storage;
+  const df32 d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t es = sizeof(T), half = p.rotary_dim / 2;
+  // neox stores vectors of `lanes` elements at i and half + i; gptj vectors of 2 * lanes
+  const std::int64_t vector_bytes = lanes * es * (p.style == rope_style::gptj ? 2 : 1);
+  if (p.style == rope_style::gptj && !IO::pairs_encode) return false;
+  if (half % lanes != 0) return false;
+  std::int64_t bytes = 0;
+  for (int k = 0; k < p.num_blocks; ++k) {
+    const head_block& b = p.blocks[k];
+    if (b.in == b.out) return false;
+    if (reinterpret_cast<std::uintptr_t>(b.out) % vector_bytes != 0) return false;
+    for (std::int64_t stride : {b.out_b, b.out_s, b.out_h}) {
+      if ((stride * es) % vector_bytes != 0) return false;
+    }
+    if ((half * es) % vector_bytes != 0 && p.style == rope_style::neox) return false;
+    bytes += p.tokens() * b.heads * p.head_dim * es;
+  }
+  return bytes >= min_streaming_bytes;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+template <class IO>
+void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last) {
+  if (can_stream<IO>(p)) {
+    rope_tokens_loop<streaming_io<IO>>(p, first, last);
+    hwy::FlushStream();
+  } else {
+    rope_tokens_loop<IO>(p, first, last);
   }
 }
 
