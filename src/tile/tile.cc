@@ -155,35 +155,6 @@ kernel_context& ctx(const char* op) {
 }
 
 // A tile buffer in the UB: accounted at the element size of its dtype, stored as fp32.
-class ub_buffer {
- public:
-  ub_buffer(const node& n, std::int64_t elements) {
-    kernel_context& c = *current;
-    bytes_ = static_cast<std::size_t>(elements) * size_of(n.type);
-    if (c.ub_live + bytes_ > c.ub_budget) {
-      throw error("UB overflow in kernel '" + c.name + "': op '" + n.op + "' with tile " +
-                  str(n.tile.empty() ? n.shape : n.tile) + " needs " + std::to_string(bytes_) +
-                  " bytes more with " + std::to_string(c.ub_live) + " live; the UB holds " +
-                  std::to_string(c.ub_budget) + " bytes");
-    }
-    c.ub_live += bytes_;
-    c.ub_peak = std::max(c.ub_peak, c.ub_live);
-    start_ = c.arena_top;
-    // Live bytes <= budget and every element takes >= 2 bytes: the arena (budget / 2 floats)
-    // never runs out, and it never moves (callers hold pointers into it).
-    c.arena_top += static_cast<std::size_t>(elements);
-  }
-  ~ub_buffer() {
-    current->ub_live -= bytes_;
-    current->arena_top = start_;
-  }
-  ub_buffer(const ub_buffer&) = delete;
-  ub_buffer& operator=(const ub_buffer&) = delete;
-  float* data() const { return current->arena.data() + start_; }
-
- private:
-  std::size_t bytes_ = 0, start_ = 0;
-};
 
 // Up to four dims without a heap allocation: regions are made for every tile of every op.
 struct dims4 {
@@ -215,6 +186,38 @@ struct region {
     for (std::size_t i = 0; i < ext.size(); ++i) s *= ext[i];
     return s;
   }
+};
+
+class ub_buffer {
+ public:
+  // A tile of node n over region r (the error names the tile actually taken).
+  ub_buffer(const node& n, const region& r) {
+    kernel_context& c = *current;
+    const std::int64_t elements = r.size();
+    bytes_ = static_cast<std::size_t>(elements) * size_of(n.type);
+    if (c.ub_live + bytes_ > c.ub_budget) {
+      throw error("UB overflow in kernel '" + c.name + "': op '" + n.op + "' with tile " +
+                  str(shape_t(r.ext.v, r.ext.v + r.ext.size())) + " needs " +
+                  std::to_string(bytes_) + " bytes more with " + std::to_string(c.ub_live) +
+                  " live; the UB holds " + std::to_string(c.ub_budget) + " bytes");
+    }
+    c.ub_live += bytes_;
+    c.ub_peak = std::max(c.ub_peak, c.ub_live);
+    start_ = c.arena_top;
+    // Live bytes <= budget and every element takes >= 2 bytes: the arena (budget / 2 floats)
+    // never runs out, and it never moves (callers hold pointers into it).
+    c.arena_top += static_cast<std::size_t>(elements);
+  }
+  ~ub_buffer() {
+    current->ub_live -= bytes_;
+    current->arena_top = start_;
+  }
+  ub_buffer(const ub_buffer&) = delete;
+  ub_buffer& operator=(const ub_buffer&) = delete;
+  float* data() const { return current->arena.data() + start_; }
+
+ private:
+  std::size_t bytes_ = 0, start_ = 0;
 };
 
 void check_tile_for_op(const node& n) {
@@ -372,7 +375,7 @@ void eval_slice(const node& n, const region& r, float* out) {
   if (full) return eval(src, inner, out);
   if (!current->dry) std::fill(out, out + r.size(), 0.0f);
   if (inner.size() == 0) return;
-  ub_buffer tmp(src, inner.size());
+  ub_buffer tmp(src, inner);
   eval(src, inner, tmp.data());
   if (current->dry) return;
   const std::int64_t w = inner.ext.back();
@@ -399,7 +402,7 @@ void eval(const node& n, const region& r, float* out) {
     case op_kind::rsqrt:
     case op_kind::add_scalar:
     case op_kind::mul_scalar: {
-      ub_buffer a(*n.in[0], size);
+      ub_buffer a(*n.in[0], r);
       eval(*n.in[0], r, a.data());
       if (dry) return;
       const float* x = a.data();
@@ -421,9 +424,9 @@ void eval(const node& n, const region& r, float* out) {
       const node& an = *n.in[0];
       const node& bn = *n.in[1];
       const region ra = broadcast_region(an, n, r), rb = broadcast_region(bn, n, r);
-      ub_buffer a(an, ra.size());
+      ub_buffer a(an, ra);
       eval(an, ra, a.data());
-      ub_buffer b(bn, rb.size());
+      ub_buffer b(bn, rb);
       eval(bn, rb, b.data());
       if (dry) return;
       const float* x = a.data();
@@ -476,7 +479,7 @@ void eval(const node& n, const region& r, float* out) {
         region part = in_r;
         part.off[d] = start;
         part.ext[d] = std::min(chunk, x.shape[d] - start);
-        ub_buffer buf(x, part.size());
+        ub_buffer buf(x, part);
         eval(x, part, buf.data());
         if (dry) continue;
         std::int64_t outer = 1, inner = 1;
@@ -492,7 +495,7 @@ void eval(const node& n, const region& r, float* out) {
       return;
     }
     case op_kind::cast: {
-      ub_buffer a(*n.in[0], size);
+      ub_buffer a(*n.in[0], r);
       eval(*n.in[0], r, a.data());
       if (dry) return;
       for (std::int64_t i = 0; i < size; ++i) out[i] = cast_value(a.data()[i], n.type, n.mode);
@@ -509,7 +512,7 @@ void eval(const node& n, const region& r, float* out) {
           region pr = r;
           pr.off[d] = lo - start;
           pr.ext[d] = hi - lo;
-          ub_buffer buf(*part, pr.size());
+          ub_buffer buf(*part, pr);
           eval(*part, pr, buf.data());
           if (!dry) {
             std::int64_t outer = 1, inner = 1;
@@ -531,7 +534,7 @@ void eval(const node& n, const region& r, float* out) {
       region xr = r;
       xr.off.back() = 2 * r.off.back();
       xr.ext.back() = std::min(2 * r.ext.back(), x.shape.back() - xr.off.back());
-      ub_buffer buf(x, xr.size());
+      ub_buffer buf(x, xr);
       eval(x, xr, buf.data());
       if (dry) return;
       const std::int64_t w = r.ext.back(), xw = xr.ext.back();
@@ -549,9 +552,9 @@ void eval(const node& n, const region& r, float* out) {
       ra.ext.back() = (o + e + 1) / 2 - ra.off.back();
       rb.off.back() = o / 2;
       rb.ext.back() = (o + e) / 2 - rb.off.back();
-      ub_buffer a(*n.in[0], ra.size());
+      ub_buffer a(*n.in[0], ra);
       if (ra.size()) eval(*n.in[0], ra, a.data());
-      ub_buffer b(*n.in[1], rb.size());
+      ub_buffer b(*n.in[1], rb);
       if (rb.size()) eval(*n.in[1], rb, b.data());
       if (dry) return;
       const std::int64_t wa = ra.ext.back(), wb = rb.ext.back();
@@ -566,7 +569,7 @@ void eval(const node& n, const region& r, float* out) {
     case op_kind::expand: {
       const node& x = *n.in[0];
       const region xr = broadcast_region(x, n, r);
-      ub_buffer buf(x, xr.size());
+      ub_buffer buf(x, xr);
       eval(x, xr, buf.data());
       if (dry) return;
       for_each_broadcast(r, xr, [&](std::int64_t o, std::int64_t i) { out[o] = buf.data()[i]; });
@@ -786,33 +789,35 @@ void assemble(const value& src, const shape_t& offsets, tensor& out) {
       r.ext[i] = std::min(tile[i], n->valid[i] - starts[i]);
     }
     {
-      ub_buffer buf(*n, r.size());
+      ub_buffer buf(*n, r);
       eval(*n, r, buf.data());
       ++c.report->tiles;
-      if (c.dry) return;  // the first tile is the largest: its UB need is the assemble's
-      const std::int64_t inner = r.ext[rank - 1];
-      for_each_row(r, [&](std::int64_t o, const dims4& idx) {
-        std::int64_t at = 0;
-        for (std::size_t i = 0; i < rank; ++i) {
-          at += (offsets[i] + r.off[i] + (i + 1 < rank ? idx[i] : 0)) * s.memory.strides[i];
-        }
-        unsigned char* dst = static_cast<unsigned char*>(s.memory.data) + at * es;
-        const float* from = buf.data() + o;
-        switch (s.memory.type) {
-          case dtype::f32:
-            std::memcpy(dst, from, static_cast<std::size_t>(inner) * 4);
-            break;
-          case dtype::f16: {
-            auto* h = reinterpret_cast<std::uint16_t*>(dst);
-            for (std::int64_t j = 0; j < inner; ++j) h[j] = f32_to_f16_bits(from[j]);
-            break;
+      // the checking pass walks every tile, moving no data
+      if (!c.dry) {
+        const std::int64_t inner = r.ext[rank - 1];
+        for_each_row(r, [&](std::int64_t o, const dims4& idx) {
+          std::int64_t at = 0;
+          for (std::size_t i = 0; i < rank; ++i) {
+            at += (offsets[i] + r.off[i] + (i + 1 < rank ? idx[i] : 0)) * s.memory.strides[i];
           }
-          default: {
-            auto* b = reinterpret_cast<std::uint16_t*>(dst);
-            for (std::int64_t j = 0; j < inner; ++j) b[j] = f32_to_bf16_bits(from[j]);
+          unsigned char* dst = static_cast<unsigned char*>(s.memory.data) + at * es;
+          const float* from = buf.data() + o;
+          switch (s.memory.type) {
+            case dtype::f32:
+              std::memcpy(dst, from, static_cast<std::size_t>(inner) * 4);
+              break;
+            case dtype::f16: {
+              auto* h = reinterpret_cast<std::uint16_t*>(dst);
+              for (std::int64_t j = 0; j < inner; ++j) h[j] = f32_to_f16_bits(from[j]);
+              break;
+            }
+            default: {
+              auto* b = reinterpret_cast<std::uint16_t*>(dst);
+              for (std::int64_t j = 0; j < inner; ++j) b[j] = f32_to_bf16_bits(from[j]);
+            }
           }
-        }
-      });
+        });
+      }
     }
     std::size_t i = rank;
     while (i-- > 0) {
