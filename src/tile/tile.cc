@@ -91,7 +91,6 @@ struct tensor_state {
   tensor_view memory;
   shape_t shape;
   enum class role { unregistered, input, output } role = role::unregistered;
-  bool viewed = false;
   bool assembled = false;
 };
 
@@ -705,7 +704,6 @@ value view(const tensor& t, const shape_t& shape, const shape_t& offsets,
   }
   const shape_t valid = valid_shape.value_or(shape);
   check_window([&] { return "view of '" + s.name + "'"; }, s.shape, shape, offsets, valid);
-  s.viewed = true;
   auto n = std::make_shared<node>();
   n->kind = op_kind::leaf;
   n->op = "view";
@@ -758,11 +756,10 @@ void assemble(const value& src, const shape_t& offsets, tensor& out) {
   const auto& n = need(src, "assemble");
   if (!out.state) throw error("assemble: the output tensor is empty");
   tensor_state& s = *out.state;
+  // Only outputs are assembled into, and outputs are never viewed (view rejects them): a
+  // view/assemble cycle cannot form.
   if (s.role != tensor_state::role::output) {
     throw error("assemble into '" + s.name + "': it is not an output of kernel '" + c.name + "'");
-  }
-  if (s.viewed) {
-    throw error("assemble into '" + s.name + "', which this kernel also views: a cycle");
   }
   if (n->type != s.memory.type) {
     throw error("assemble of a " + std::string(to_string(n->type)) + " value into " +
@@ -1088,7 +1085,7 @@ kernel_report run_kernel(std::string_view name, const std::vector<tensor>& input
     for (const auto& t : inputs) t.state->role = tensor_state::role::input;
     for (const auto& t : outputs) t.state->role = tensor_state::role::output;
     for (const auto* list : {&inputs, &outputs}) {
-      for (const auto& t : *list) t.state->viewed = t.state->assembled = false;
+      for (const auto& t : *list) t.state->assembled = false;
     }
     c.dry = dry;
     c.tile.reset();
