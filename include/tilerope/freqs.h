@@ -40,6 +40,13 @@ std::vector<double> rope_inv_freq(int rotary_dim, double theta);
 /// HF transformers' fp32 inv_freq: 1 / fp32(theta ^ fp32(2i / rotary_dim)), rounded to fp32.
 std::vector<float> rope_inv_freq_hf(int rotary_dim, double theta);
 
+/// The frequencies a model rotates by, and the factor its scaled variants (YaRN, LongRoPE)
+/// multiply cos and sin by ("attention scaling"; 1 for plain RoPE).
+struct rope_frequencies {
+  std::vector<double> inv_freq;    ///< rotary_dim/2 entries, fp64
+  double attention_scaling = 1.0;  ///< cos and sin are both multiplied by it
+};
+
 /// A pair of half-width tables, cos and sin: each [max_pos, rotary_dim/2] of `table_type`.
 struct rope_table {
   tensor cos;
