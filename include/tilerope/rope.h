@@ -49,7 +49,7 @@ rope_style rope_style_from_string(std::string_view name);
 
 /// Where the position of each token comes from.
 struct rope_positions {
-  enum class source { ids, offset, axes };
+  enum class source { ids, offset, axes, none };
   source from = source::offset;
   tensor_view ids;  ///< i32 | i64: [T] for rank-3 x, [S] or [B, S] for rank-4 x; axes: [A, T]
   std::int64_t start = 0;  ///< offset: token t (rank 3) or s (rank 4) has position start + t
@@ -64,6 +64,8 @@ struct rope_positions {
   /// MRoPE (Qwen2-VL, Qwen3-VL) is this with A = 3 (temporal, height, width) and the map of
   /// mrope_axis_map.
   static rope_positions from_axes(const tensor_view& ids, std::vector<int> axis_of_frequency);
+  /// No positions: the angles are rows per token (rope_angles::from_token_rows).
+  static rope_positions none();
 };
 
 /// How mrope_section lays the three position axes over the frequencies.
@@ -94,12 +96,14 @@ vision_2d_frequencies qwen2vl_vision_frequencies(int head_dim, double theta = 10
 
 /// Where cos/sin come from.
 struct rope_angles {
-  enum class source { table, inv_freq };
+  enum class source { table, inv_freq, token_rows };
   source from = source::inv_freq;
-  tensor_view cos;               ///< table: [max_pos, rotary_dim/2], f32 | f16 | bf16
-  tensor_view sin;               ///< table: same shape and dtype as cos
+  tensor_view cos;               ///< table: [max_pos, rotary_dim/2]; token_rows: see below
+  tensor_view sin;               ///< same shape and dtype as cos
   std::vector<double> inv_freq;  ///< computed: rotary_dim/2 frequencies
   angle_precision precision = angle_precision::accurate;
+  double attention_scaling = 1.0;      ///< computed angles: cos and sin are multiplied by it
+  std::vector<int> axis_of_frequency;  ///< token_rows with planes: the plane of frequency i
 
   /// Rows of precomputed tables, looked up by position (see make_rope_table).
   static rope_angles from_table(const tensor_view& cos, const tensor_view& sin);
@@ -110,6 +114,28 @@ struct rope_angles {
   /// cos/sin computed per token from explicit frequencies (rotary_dim/2 of them).
   static rope_angles from_inv_freq(std::vector<double> inv_freq,
                                    angle_precision precision = angle_precision::accurate);
+  /// cos/sin computed per token from a model's frequencies, multiplied by its attention
+  /// scaling (YaRN, LongRoPE; see rope_config.h).
+  static rope_angles from_frequencies(const rope_frequencies& f,
+                                      angle_precision precision = angle_precision::accurate);
+  /// One precomputed row per token, as HF models pass `position_embeddings` and the source
+  /// material's kernels take cos/sin. Call rope_apply without positions. Width w is
+  /// rotary_dim (full rows, each column used as given) or rotary_dim/2 (one entry per
+  /// frequency):
+  ///
+  ///     rank-3 x [T, H, D]:     cos [T, w],     or planes [A, T, w]
+  ///     rank-4 x [B, S, H, D]:  cos [B, S, w] or [S, w] (shared by the batch),
+  ///                             or planes [A, B, S, w] / [A, S, w]
+  ///
+  /// With planes, frequency i reads plane axis_of_frequency[i]: MRoPE's precomputed
+  /// [3, B, S, D] tables are planes with mrope_axis_map(section, layout). A full row is split
+  /// between the two elements of each pair by the output layout: columns (i, i + r/2) for
+  /// halves (neox, split-half output), (2i, 2i+1) for adjacent pairs (gptj):
+  ///
+  ///     y_first  = x_first  cos[col_first]  - x_second sin[col_first]
+  ///     y_second = x_second cos[col_second] + x_first  sin[col_second]
+  static rope_angles from_token_rows(const tensor_view& cos, const tensor_view& sin,
+                                     std::vector<int> axis_of_frequency = {});
 
   double theta = 0;  ///< set by from_theta; 0 otherwise
 };
@@ -123,9 +149,21 @@ struct rope_tensors {
   std::optional<tensor_view> k_out;
 };
 
+/// Where the two rotated elements of each pair are written.
+enum class rope_output_layout {
+  as_input,    ///< where they were read: halves for neox, adjacent pairs for gptj
+  split_half,  ///< first elements in [0, r/2), second in [r/2, r): with gptj input this is
+               ///< the NPU-compatible interleaved RoPE (ops-transformer's InterleaveRope)
+};
+std::string_view to_string(rope_output_layout l);
+/// "as_input" (also "interleaved") or "split_half" (also "split-half").
+rope_output_layout rope_output_layout_from_string(std::string_view name);
+
 struct rope_options {
   int rotary_dim = 0;     ///< dims rotated, even, <= head_dim; 0 means head_dim
-  bool backward = false;  ///< apply the inverse rotation (gradient w.r.t. x)
+  bool backward = false;  ///< the gradient w.r.t. x of the forward (its transpose): the inverse
+                          ///< rotation; for split_half it reads halves and writes pairs back
+  rope_output_layout output_layout = rope_output_layout::as_input;
 };
 
 /// Rotates q (and k) by their positions. Every argument is validated first; a
@@ -133,5 +171,9 @@ struct rope_options {
 /// T = 0 (or B = 0 or S = 0) is a valid no-op.
 void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& positions,
                 const rope_angles& angles, const rope_options& options = {});
+
+/// The same with per-token rows (rope_angles::from_token_rows), which need no positions.
+void rope_apply(rope_style style, const rope_tensors& x, const rope_angles& angles,
+                const rope_options& options = {});
 
 }  // namespace tilerope

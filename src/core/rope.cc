@@ -9,6 +9,7 @@
 #include "core/overlap.h"
 #include "cpu/rope_plan.h"
 #include "tilerope/error.h"
+#include "tilerope/qk_norm_rope.h"
 
 namespace tilerope {
 
@@ -114,6 +115,37 @@ rope_angles rope_angles::from_inv_freq(std::vector<double> inv_freq, angle_preci
   a.inv_freq = std::move(inv_freq);
   a.precision = precision;
   return a;
+}
+
+rope_angles rope_angles::from_frequencies(const rope_frequencies& f, angle_precision precision) {
+  if (!std::isfinite(f.attention_scaling) || !(f.attention_scaling > 0)) {
+    throw error("attention_scaling (" + std::to_string(f.attention_scaling) +
+                ") must be finite and > 0");
+  }
+  rope_angles a = from_inv_freq(f.inv_freq, precision);
+  a.attention_scaling = f.attention_scaling;
+  return a;
+}
+
+rope_angles rope_angles::from_token_rows(const tensor_view& cos, const tensor_view& sin,
+                                         std::vector<int> axis_of_frequency) {
+  rope_angles a;
+  a.from = source::token_rows;
+  a.cos = cos;
+  a.sin = sin;
+  a.axis_of_frequency = std::move(axis_of_frequency);
+  return a;
+}
+
+std::string_view to_string(rope_output_layout l) {
+  return l == rope_output_layout::as_input ? "as_input" : "split_half";
+}
+
+rope_output_layout rope_output_layout_from_string(std::string_view name) {
+  if (name == "as_input" || name == "interleaved") return rope_output_layout::as_input;
+  if (name == "split_half" || name == "split-half") return rope_output_layout::split_half;
+  throw error("output layout '" + std::string(name) +
+              "' is not one of as_input (interleaved), split_half");
 }
 
 namespace {
@@ -285,46 +317,56 @@ void check_table(const rope_angles& a, std::int64_t half) {
 struct named_view {
   const char* name;
   const tensor_view* view;
+  const tensor_view* own_input;  // written views: the input it may exactly be (in place)
 };
 
-void check_overlaps(const rope_tensors& x, const rope_positions& p, const rope_angles& a) {
-  const tensor_view& q_w = x.q_out ? *x.q_out : x.q;
-  const tensor_view* k_w = x.k ? (x.k_out ? &*x.k_out : &*x.k) : nullptr;
-  // fixed arrays: this runs on every call, decode included
-  named_view written[2] = {{x.q_out ? "q_out" : "q (in place)", &q_w}, {"", nullptr}};
-  std::size_t n_written = 1;
-  if (k_w) written[n_written++] = {x.k_out ? "k_out" : "k (in place)", k_w};
-  named_view read[5];
+// The views one call writes and reads. Fixed arrays: this runs on every call, decode included.
+struct operand_list {
+  named_view written[4];
+  std::size_t n_written = 0;
+  named_view read[10];
   std::size_t n_read = 0;
-  read[n_read++] = {"q", &x.q};
-  if (x.k) read[n_read++] = {"k", &*x.k};
-  if (p.from != rope_positions::source::offset) read[n_read++] = {"positions", &p.ids};
-  if (a.from == rope_angles::source::table) {
-    read[n_read++] = {"cos", &a.cos};
-    read[n_read++] = {"sin", &a.sin};
+  void write(const char* name, const tensor_view& v, const tensor_view* own = nullptr) {
+    written[n_written++] = {name, &v, own};
   }
-  for (std::size_t i = 0; i < n_written; ++i) {
-    const auto& w = written[i];
+  void read_from(const char* name, const tensor_view& v) { read[n_read++] = {name, &v, nullptr}; }
+};
+
+void check_overlaps(const operand_list& ops) {
+  for (std::size_t i = 0; i < ops.n_written; ++i) {
+    const auto& w = ops.written[i];
     if (detail::view_overlaps_itself(*w.view)) {
       throw error(std::string(w.name) + " " + w.view->shape_string() + " with strides " +
                   w.view->strides_string() + " addresses some elements more than once");
     }
   }
-  for (std::size_t i = 0; i < n_written; ++i) {
-    const auto& w = written[i];
-    const tensor_view& own_input = i == 0 ? x.q : *x.k;
-    for (std::size_t j = 0; j < n_read; ++j) {
-      const auto& r = read[j];
-      if (r.view == &own_input && detail::same_view(*w.view, own_input)) continue;
+  for (std::size_t i = 0; i < ops.n_written; ++i) {
+    const auto& w = ops.written[i];
+    for (std::size_t j = 0; j < ops.n_read; ++j) {
+      const auto& r = ops.read[j];
+      if (r.view == w.own_input && detail::same_view(*w.view, *r.view)) continue;
       if (detail::views_share_memory(*w.view, *r.view)) {
         throw error(describe(w.name, *w.view) + " overlaps " + describe(r.name, *r.view) +
                     "; an output may only be exactly its own input (in place)");
       }
     }
+    for (std::size_t j = i + 1; j < ops.n_written; ++j) {
+      const auto& o = ops.written[j];
+      if (detail::views_share_memory(*w.view, *o.view)) {
+        throw error(describe(w.name, *w.view) + " overlaps " + describe(o.name, *o.view));
+      }
+    }
   }
-  if (n_written == 2 && detail::views_share_memory(*written[0].view, *written[1].view)) {
-    throw error(describe(written[0].name, *written[0].view) + " overlaps " +
-                describe(written[1].name, *written[1].view));
+}
+
+// The inputs every rotation reads besides x: positions and angle tensors.
+void read_positions_and_angles(operand_list& ops, const rope_positions& p, const rope_angles& a) {
+  if (p.from == rope_positions::source::ids || p.from == rope_positions::source::axes) {
+    ops.read_from("positions", p.ids);
+  }
+  if (a.from != rope_angles::source::inv_freq) {
+    ops.read_from("cos", a.cos);
+    ops.read_from("sin", a.sin);
   }
 }
 
@@ -341,12 +383,89 @@ void set_block(detail::head_block& b, const tensor_view& in, const tensor_view& 
   b.out_h = out.strides[out.rank - 2];
 }
 
-}  // namespace
+// Per-token rows: [T, w] / [A, T, w] for rank-3 x; [S, w], [B, S, w] / [A, S, w], [A, B, S, w]
+// for rank-4 x; w = rotary_dim or rotary_dim / 2.
+void check_token_rows(const rope_angles& a, const tensor_view& q, token_dims t, std::int64_t half,
+                      detail::rope_plan& plan) {
+  const bool planes = !a.axis_of_frequency.empty();
+  const bool rank4 = q.rank == 4;
+  const tensor_view& c = a.cos;
+  const int lead = planes ? 1 : 0;
+  const int token_rank = c.rank - lead - 1;  // 1: [T] or [S]; 2: [B, S]
+  const std::string want =
+      std::string(planes ? "[A, " : "[") +
+      (rank4 ? "S, w] or " + std::string(planes ? "[A, " : "[") + "B, S, w]" : "T, w]") +
+      " with T = " + num(t.seq) +
+      (rank4 ? " (B = " + num(t.batch) + ", S = " + num(t.seq) + ")" : "") +
+      " and w = rotary_dim (" + num(2 * half) + ") or rotary_dim/2 (" + num(half) + ")";
+  bool ok = token_rank == 1 || (rank4 && token_rank == 2);
+  if (ok) {
+    ok = c.shape[c.rank - 2] == t.seq && (token_rank == 1 || c.shape[lead] == t.batch);
+    const std::int64_t w = c.shape[c.rank - 1];
+    ok = ok && (w == half || w == 2 * half);
+  }
+  if (!ok) {
+    throw error("cos rows " + c.shape_string() + " must be " + want + " for q " + q.shape_string());
+  }
+  if (!is_floating(c.type)) {
+    throw error("cos rows dtype (" + std::string(to_string(c.type)) + ") must be f32, f16 or bf16");
+  }
+  const tensor_view& s = a.sin;
+  bool same = s.rank == c.rank && s.type == c.type;
+  for (int i = 0; same && i < c.rank; ++i)
+    same = s.shape[i] == c.shape[i] && s.strides[i] == c.strides[i];
+  if (!same) {
+    throw error("sin rows " + s.shape_string() + " " + std::string(to_string(s.type)) +
+                " strides " + s.strides_string() + " must match cos rows " + c.shape_string() +
+                " " + std::string(to_string(c.type)) + " strides " + c.strides_string());
+  }
+  check_last_contiguous("cos", c);
+  check_last_contiguous("sin", s);
+  check_data("cos", c);
+  check_data("sin", s);
+  if (planes) {
+    if (static_cast<std::int64_t>(a.axis_of_frequency.size()) != half) {
+      throw error("axis_of_frequency has " +
+                  num(static_cast<std::int64_t>(a.axis_of_frequency.size())) +
+                  " entries; rotary_dim/2 (" + num(half) + ") are needed");
+    }
+    for (std::size_t i = 0; i < a.axis_of_frequency.size(); ++i) {
+      if (a.axis_of_frequency[i] < 0 || a.axis_of_frequency[i] >= c.shape[0]) {
+        throw error("axis_of_frequency[" + num(static_cast<std::int64_t>(i)) + "] (" +
+                    num(a.axis_of_frequency[i]) + ") must lie in [0, " + num(c.shape[0]) +
+                    ") (the planes of cos " + c.shape_string() + ")");
+      }
+    }
+    plan.axis_of_frequency = a.axis_of_frequency.data();
+    plan.rows_plane = c.strides[0];
+  }
+  plan.rows_cos = c.data;
+  plan.rows_sin = s.data;
+  plan.rows_type = c.type;
+  plan.rows_width = c.shape[c.rank - 1];
+  plan.rows_s = c.strides[c.rank - 2];
+  plan.rows_b = token_rank == 2 ? c.strides[lead] : 0;
+}
 
-void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& positions,
-                const rope_angles& angles, const rope_options& options) {
+// What a plan points into, owned for the length of the call.
+struct plan_storage {
+  std::vector<double> inv_freq;
+  std::vector<float> inv_freq_f32;
+  std::vector<float> weight[2];
+  std::vector<double> weight_grad[2];
+};
+
+// Validates a rotation of x (everything but overlaps) and fills the plan.
+void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions& positions,
+                   const rope_angles& angles, const rope_options& options, detail::rope_plan& plan,
+                   plan_storage& st) {
   if (style != rope_style::neox && style != rope_style::gptj) {
     throw error("style (" + num(static_cast<int>(style)) + ") is not a rope_style");
+  }
+  if (options.output_layout != rope_output_layout::as_input &&
+      options.output_layout != rope_output_layout::split_half) {
+    throw error("output_layout (" + num(static_cast<int>(options.output_layout)) +
+                ") is not a rope_output_layout");
   }
   const tensor_view& q = x.q;
   check_x("q", q);
@@ -370,12 +489,17 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
   }
   const std::int64_t half = rotary_dim / 2;
   const token_dims t = q.rank == 4 ? token_dims{q.shape[0], q.shape[1]} : token_dims{1, q.shape[0]};
-  const std::int64_t largest = check_positions(positions, q, t, half);
+  const bool rows = angles.from == rope_angles::source::token_rows;
+  const bool no_positions = positions.from == rope_positions::source::none;
+  if (rows != no_positions) {
+    throw error(rows ? "angles from_token_rows carry one row per token: pass rope_positions::none()"
+                     : "rope_positions::none() needs angles from_token_rows (rows per token)");
+  }
+  const std::int64_t largest = rows ? -1 : check_positions(positions, q, t, half);
 
-  detail::rope_plan plan;
-  std::vector<double> inv_freq;
-  std::vector<float> inv_freq_f32;
-  if (angles.from == rope_angles::source::table) {
+  if (angles.from == rope_angles::source::token_rows) {
+    check_token_rows(angles, q, t, half, plan);
+  } else if (angles.from == rope_angles::source::table) {
     check_table(angles, half);
     const std::int64_t max_pos = angles.cos.shape[0];
     if (largest >= max_pos) {
@@ -392,10 +516,14 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
       throw error("angle precision (" + num(static_cast<int>(angles.precision)) +
                   ") is not an angle_precision");
     }
+    if (!std::isfinite(angles.attention_scaling) || !(angles.attention_scaling > 0)) {
+      throw error("attention_scaling (" + std::to_string(angles.attention_scaling) +
+                  ") must be finite and > 0");
+    }
     if (angles.theta != 0) {
-      inv_freq = rope_inv_freq(static_cast<int>(rotary_dim), angles.theta);
+      st.inv_freq = rope_inv_freq(static_cast<int>(rotary_dim), angles.theta);
       if (angles.precision == angle_precision::hf_compat) {
-        inv_freq_f32 = rope_inv_freq_hf(static_cast<int>(rotary_dim), angles.theta);
+        st.inv_freq_f32 = rope_inv_freq_hf(static_cast<int>(rotary_dim), angles.theta);
       }
     } else {
       if (static_cast<std::int64_t>(angles.inv_freq.size()) != half) {
@@ -408,17 +536,25 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
                       std::to_string(angles.inv_freq[i]) + ") must be finite");
         }
       }
-      inv_freq = angles.inv_freq;
-      for (double f : inv_freq) inv_freq_f32.push_back(static_cast<float>(f));
+      st.inv_freq = angles.inv_freq;
+      for (double f : st.inv_freq) st.inv_freq_f32.push_back(static_cast<float>(f));
     }
-    plan.inv_freq = inv_freq.data();
-    plan.inv_freq_f32 = inv_freq_f32.data();
+    plan.inv_freq = st.inv_freq.data();
+    plan.inv_freq_f32 = st.inv_freq_f32.data();
     plan.precision = angles.precision;
+    plan.attention_scaling = angles.attention_scaling;
   }
-  check_overlaps(x, positions, angles);
 
   plan.style = style;
   plan.backward = options.backward;
+  // forward: neox reads and writes halves, gptj adjacent pairs unless the output is split-half
+  const detail::pairs in =
+      style == rope_style::neox ? detail::pairs::halves : detail::pairs::adjacent;
+  const detail::pairs out =
+      options.output_layout == rope_output_layout::split_half ? detail::pairs::halves : in;
+  plan.in_pairs = options.backward ? out : in;
+  plan.out_pairs = options.backward ? in : out;
+  plan.table_pairs = out;
   plan.x_type = q.type;
   plan.batch = t.batch;
   plan.seq = t.seq;
@@ -441,10 +577,199 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
     plan.ids_type = positions.ids.type;
     plan.ids_b = positions.ids.rank == 2 ? positions.ids.strides[0] : 0;
     plan.ids_s = 1;
-  } else {
+  } else if (positions.from == rope_positions::source::offset) {
     plan.start = positions.start;
   }
+}
+
+// The rotation's own operands: q and k read, their outputs written.
+void add_rotation_operands(operand_list& ops, const rope_tensors& x) {
+  ops.read_from("q", x.q);
+  if (x.k) ops.read_from("k", *x.k);
+  ops.write(x.q_out ? "q_out" : "q (in place)", x.q_out ? *x.q_out : x.q, &x.q);
+  if (x.k) ops.write(x.k_out ? "k_out" : "k (in place)", x.k_out ? *x.k_out : *x.k, &*x.k);
+}
+
+// A norm weight [head_dim] (f32, f16 or bf16), as fp32.
+std::vector<float> weight_as_f32(const char* name, const tensor_view& w, std::int64_t head_dim) {
+  if (w.rank != 1 || w.shape[0] != head_dim) {
+    throw error(std::string(name) + " shape " + w.shape_string() + " must be [head_dim] = [" +
+                num(head_dim) + "]");
+  }
+  if (!is_floating(w.type)) {
+    throw error(std::string(name) + " dtype (" + std::string(to_string(w.type)) +
+                ") must be f32, f16 or bf16");
+  }
+  check_last_contiguous(name, w);
+  check_data(name, w);
+  std::vector<float> f(static_cast<std::size_t>(head_dim));
+  for (std::size_t j = 0; j < f.size(); ++j) {
+    f[j] = static_cast<float>(load_as_f64(w.data, w.type, j));
+  }
+  return f;
+}
+
+// The normalisation's parameters, checked against x (k present or not) and set on the plan.
+void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan, plan_storage& st) {
+  if (!std::isfinite(norm.eps) || norm.eps < 0) {
+    throw error("eps (" + std::to_string(norm.eps) + ") must be finite and >= 0");
+  }
+  if (norm.rounding != qk_norm_rounding::fp32_once && norm.rounding != qk_norm_rounding::hf_qwen3) {
+    throw error("rounding (" + num(static_cast<int>(norm.rounding)) +
+                ") is not a qk_norm_rounding");
+  }
+  if (has_k != norm.k_weight.has_value()) {
+    throw error(has_k ? "k_weight is required when k is given" : "k_weight is given but k is not");
+  }
+  st.weight[0] = weight_as_f32("q_weight", norm.q_weight, plan.head_dim);
+  plan.blocks[0].weight = st.weight[0].data();
+  if (has_k) {
+    st.weight[1] = weight_as_f32("k_weight", *norm.k_weight, plan.head_dim);
+    plan.blocks[1].weight = st.weight[1].data();
+  }
+  if (norm.rounding == qk_norm_rounding::hf_qwen3 &&
+      (plan.in_pairs != detail::pairs::halves || plan.out_pairs != detail::pairs::halves)) {
+    throw error("rounding hf_qwen3 is Qwen3's rotate_half evaluation order: it needs style neox");
+  }
+  plan.qk_norm = true;
+  plan.eps = static_cast<float>(norm.eps);
+  plan.hf_rounding = norm.rounding == qk_norm_rounding::hf_qwen3;
+}
+
+void add_weight_operands(operand_list& ops, const qk_norm& norm) {
+  ops.read_from("q_weight", norm.q_weight);
+  if (norm.k_weight) ops.read_from("k_weight", *norm.k_weight);
+}
+
+}  // namespace
+
+rope_positions rope_positions::none() {
+  rope_positions p;
+  p.from = source::none;
+  return p;
+}
+
+void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& positions,
+                const rope_angles& angles, const rope_options& options) {
+  detail::rope_plan plan;
+  plan_storage st;
+  plan_rotation(style, x, positions, angles, options, plan, st);
+  operand_list ops;
+  add_rotation_operands(ops, x);
+  read_positions_and_angles(ops, positions, angles);
+  check_overlaps(ops);
   detail::run_rope_cpu(plan);
+}
+
+void rope_apply(rope_style style, const rope_tensors& x, const rope_angles& angles,
+                const rope_options& options) {
+  rope_apply(style, x, rope_positions::none(), angles, options);
+}
+
+std::string_view to_string(qk_norm_rounding r) {
+  return r == qk_norm_rounding::fp32_once ? "fp32_once" : "hf_qwen3";
+}
+
+qk_norm_rounding qk_norm_rounding_from_string(std::string_view name) {
+  if (name == "fp32_once") return qk_norm_rounding::fp32_once;
+  if (name == "hf_qwen3") return qk_norm_rounding::hf_qwen3;
+  throw error("qk-norm rounding '" + std::string(name) + "' is not one of fp32_once, hf_qwen3");
+}
+
+void qk_norm_rope_apply(rope_style style, const rope_tensors& x, const rope_positions& positions,
+                        const rope_angles& angles, const qk_norm& norm,
+                        const rope_options& options) {
+  if (options.backward) {
+    throw error("qk_norm_rope_apply computes the forward; use qk_norm_rope_backward for gradients");
+  }
+  detail::rope_plan plan;
+  plan_storage st;
+  plan_rotation(style, x, positions, angles, options, plan, st);
+  plan_norm(norm, x.k.has_value(), plan, st);
+  operand_list ops;
+  add_rotation_operands(ops, x);
+  read_positions_and_angles(ops, positions, angles);
+  add_weight_operands(ops, norm);
+  check_overlaps(ops);
+  detail::run_rope_cpu(plan);
+}
+
+void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
+                           const rope_positions& positions, const rope_angles& angles,
+                           const qk_norm& norm, const rope_options& options) {
+  if (options.backward) {
+    throw error("options.backward must be false for qk_norm_rope_backward (it is the backward)");
+  }
+  if (norm.rounding != qk_norm_rounding::fp32_once) {
+    throw error("qk_norm_rope_backward is the gradient of the fp32_once rounding; rounding is " +
+                std::string(to_string(norm.rounding)));
+  }
+  const bool has_k = g.k.has_value();
+  if (g.dk_out.has_value() != has_k || g.dk_weight.has_value() != has_k || (g.dk && !has_k)) {
+    throw error(std::string("k, dk_out and dk_weight go together: k is ") +
+                (has_k ? "given" : "absent") + ", dk_out " + (g.dk_out ? "given" : "absent") +
+                ", dk_weight " + (g.dk_weight ? "given" : "absent") + ", dk " +
+                (g.dk ? "given" : "absent"));
+  }
+  // the rotation's view of the gradients: dy in, dx out
+  rope_tensors r;
+  r.q = g.dq_out;
+  r.k = g.dk_out;
+  r.q_out = g.dq;
+  r.k_out = g.dk;
+  rope_options back = options;
+  back.backward = true;
+  detail::rope_plan plan;
+  plan_storage st;
+  plan_rotation(style, r, positions, angles, back, plan, st);
+  plan_norm(norm, has_k, plan, st);
+  const std::int64_t D = plan.head_dim;
+  const std::pair<const char*, const tensor_view*> inputs[2] = {{"q", &g.q},
+                                                                {"k", has_k ? &*g.k : nullptr}};
+  const std::pair<const char*, const tensor_view*> weights[2] = {
+      {"dq_weight", &g.dq_weight}, {"dk_weight", has_k ? &*g.dk_weight : nullptr}};
+  for (int k = 0; k < plan.num_blocks; ++k) {
+    const tensor_view& xin = *inputs[k].second;
+    const tensor_view& dy = k == 0 ? g.dq_out : *g.dk_out;
+    check_x(inputs[k].first, xin);
+    check_same_dtype(inputs[k].first, xin, g.dq_out);
+    check_same_shape(inputs[k].first, xin, k == 0 ? "dq_out" : "dk_out", dy);
+    const tensor_view& w = *weights[k].second;
+    if (w.rank != 1 || w.shape[0] != D || w.type != dtype::f32) {
+      throw error(std::string(weights[k].first) + " " + w.shape_string() + " " +
+                  std::string(to_string(w.type)) + " must be [head_dim] = [" + num(D) + "] f32");
+    }
+    check_last_contiguous(weights[k].first, w);
+    check_data(weights[k].first, w);
+    const bool r4 = xin.rank == 4;
+    detail::head_block& b = plan.blocks[k];
+    b.x = xin.data;
+    b.x_b = r4 ? xin.strides[0] : 0;
+    b.x_s = xin.strides[r4 ? 1 : 0];
+    b.x_h = xin.strides[xin.rank - 2];
+    st.weight_grad[k].assign(static_cast<std::size_t>(detail::max_chunks() * D), 0.0);
+    b.weight_grad = st.weight_grad[k].data();
+  }
+  operand_list ops;
+  ops.read_from("dq_out", g.dq_out);
+  if (has_k) ops.read_from("dk_out", *g.dk_out);
+  ops.read_from("q", g.q);
+  if (has_k) ops.read_from("k", *g.k);
+  ops.write(g.dq ? "dq" : "dq (over dq_out)", g.dq ? *g.dq : g.dq_out, &g.dq_out);
+  if (has_k) ops.write(g.dk ? "dk" : "dk (over dk_out)", g.dk ? *g.dk : *g.dk_out, &*g.dk_out);
+  ops.write("dq_weight", g.dq_weight);
+  if (has_k) ops.write("dk_weight", *g.dk_weight);
+  read_positions_and_angles(ops, positions, angles);
+  add_weight_operands(ops, norm);
+  check_overlaps(ops);
+  detail::run_rope_cpu(plan);
+  for (int k = 0; k < plan.num_blocks; ++k) {
+    auto* out = static_cast<float*>(weights[k].second->data);
+    const std::int64_t stride = weights[k].second->strides[0];
+    for (std::int64_t j = 0; j < D; ++j) {
+      out[j * stride] = static_cast<float>(st.weight_grad[k][static_cast<std::size_t>(j)]);
+    }
+  }
 }
 
 }  // namespace tilerope

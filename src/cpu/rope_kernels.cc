@@ -87,7 +87,11 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<df32>> f32_to_bf16(df32, vf32 v) {
 // Element types as the kernels see them: load N values as fp32, store N fp32 rounded once.
 struct f32_io {
   using storage = float;
+  using plain = f32_io;
   static vf32 load(df32 d, const float* p) { return hn::LoadU(d, p); }
+  static float load1(const float* p) { return *p; }
+  static void store1(float v, float* p) { *p = v; }
+  static vf32 round(df32, vf32 v) { return v; }
   static void store(df32 d, vf32 v, float* p) { hn::StoreU(v, d, p); }
   // the stored vector, its descriptor and lane type (for streaming stores)
   using out_tag = df32;
@@ -111,6 +115,11 @@ HWY_INLINE hn::Vec<du32_t> load_u16_pairs(const std::uint16_t* p) {
 
 struct f16_io {
   using storage = std::uint16_t;
+  using plain = f16_io;
+  static float load1(const std::uint16_t* p) { return f16_bits_to_f32(*p); }
+  static void store1(float v, std::uint16_t* p) { *p = f32_to_f16_bits(v); }
+  // v rounded to f16 and widened back
+  static vf32 round(df32 d, vf32 v) { return f16_to_f32(d, f32_to_f16(d, v)); }
   static vf32 load(df32 d, const std::uint16_t* p) {
 #if HWY_TARGET <= HWY_AVX2
     const hn::Rebind<hwy::float16_t, df32> dh;
@@ -148,6 +157,10 @@ struct f16_io {
 
 struct bf16_io {
   using storage = std::uint16_t;
+  using plain = bf16_io;
+  static float load1(const std::uint16_t* p) { return bf16_bits_to_f32(*p); }
+  static void store1(float v, std::uint16_t* p) { *p = f32_to_bf16_bits(v); }
+  static vf32 round(df32 d, vf32 v) { return hn::BitCast(d, hn::ShiftLeft<16>(f32_to_bf16(d, v))); }
   static vf32 load(df32 d, const std::uint16_t* p) {
     const hn::Rebind<std::uint16_t, df32> d16;
     const auto wide = hn::PromoteTo(hn::RebindToUnsigned<df32>(), hn::LoadU(d16, p));
@@ -179,6 +192,7 @@ struct bf16_io {
 // of halves, which is not one aligned vector: they keep normal stores.
 template <class IO>
 struct streaming_io : IO {
+  using plain = IO;
   static void store(df32 d, vf32 v, typename IO::storage* p) {
     hn::Stream(IO::encode(d, v), typename IO::out_tag(),
                reinterpret_cast<typename IO::out_lane*>(p));
@@ -194,68 +208,88 @@ struct streaming_io : IO {
 
 // ---- the rotations ---------------------------------------------------------------------------
 
-// One vector step of rotate-half: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
-template <class IO>
-HWY_INLINE void neox_step(df32 d, const typename IO::storage* x1p, const typename IO::storage* x2p,
-                          typename IO::storage* y1p, typename IO::storage* y2p, const float* c,
-                          const float* s) {
-  const vf32 x1 = IO::load(d, x1p);
-  const vf32 x2 = IO::load(d, x2p);
-  const vf32 cv = hn::LoadU(d, c);
-  const vf32 sv = hn::LoadU(d, s);
-  IO::store(d, hn::MulSub(x1, cv, hn::Mul(x2, sv)), y1p);
-  IO::store(d, hn::MulAdd(x2, cv, hn::Mul(x1, sv)), y2p);
+// cos and sin per frequency i < r/2, for the first element of each pair (a) and the second (b):
+//     y_a = x_a ca - x_b sa,     y_b = x_b cb + x_a sb
+// Half-width tables give ca = cb, sa = sb (the same pointers).
+struct token_angles {
+  const float* ca;
+  const float* sa;
+  const float* cb;
+  const float* sb;
+};
+
+template <class IO, pairs P>
+HWY_INLINE void load_pair(df32 d, const typename IO::storage* x, std::int64_t i, std::int64_t half,
+                          vf32& a, vf32& b) {
+  if constexpr (P == pairs::halves) {
+    a = IO::load(d, x + i);
+    b = IO::load(d, x + half + i);
+  } else {
+    IO::load_pairs(d, x + 2 * i, a, b);
+  }
 }
 
-// One vector step of adjacent pairs: (x[2i], x[2i+1]) -> (xe c - xo s, xo c + xe s).
-template <class IO>
-HWY_INLINE void gptj_step(df32 d, const typename IO::storage* xp, typename IO::storage* yp,
-                          const float* c, const float* s) {
-  vf32 xe, xo;
-  IO::load_pairs(d, xp, xe, xo);
-  const vf32 cv = hn::LoadU(d, c);
-  const vf32 sv = hn::LoadU(d, s);
-  IO::store_pairs(d, hn::MulSub(xe, cv, hn::Mul(xo, sv)), hn::MulAdd(xo, cv, hn::Mul(xe, sv)), yp);
+template <class IO, pairs P>
+HWY_INLINE void store_pair(df32 d, vf32 a, vf32 b, typename IO::storage* y, std::int64_t i,
+                           std::int64_t half) {
+  if constexpr (P == pairs::halves) {
+    IO::store(d, a, y + i);
+    IO::store(d, b, y + half + i);
+  } else {
+    IO::store_pairs(d, a, b, y + 2 * i);
+  }
 }
 
-// A partial vector goes through a zero-padded copy: no load or store past the row.
-template <class IO>
-void neox_row(df32 d, const typename IO::storage* x, typename IO::storage* y, const float* c,
-              const float* s, std::int64_t half) {
-  using T = typename IO::storage;
+// One vector of pairs, read from x as `In` lays them out and written to y as `Out` does.
+// RoundEach rounds each product to the output dtype before the sum, as PyTorch evaluates
+// x * cos + rotate_half(x) * sin in a 16-bit dtype.
+template <class In, class Out, pairs PIn, pairs POut, bool RoundEach>
+HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out::storage* y,
+                            std::int64_t i, std::int64_t half, const token_angles& a) {
+  vf32 xa, xb;
+  load_pair<In, PIn>(d, x, i, half, xa, xb);
+  const vf32 ca = hn::LoadU(d, a.ca + i), sa = hn::LoadU(d, a.sa + i);
+  const vf32 cb = hn::LoadU(d, a.cb + i), sb = hn::LoadU(d, a.sb + i);
+  vf32 ya, yb;
+  if constexpr (RoundEach) {
+    ya = hn::Sub(Out::round(d, hn::Mul(xa, ca)), Out::round(d, hn::Mul(xb, sa)));
+    yb = hn::Add(Out::round(d, hn::Mul(xb, cb)), Out::round(d, hn::Mul(xa, sb)));
+  } else {
+    ya = hn::MulSub(xa, ca, hn::Mul(xb, sa));
+    yb = hn::MulAdd(xb, cb, hn::Mul(xa, sb));
+  }
+  store_pair<Out, POut>(d, ya, yb, y, i, half);
+}
+
+// The r/2 pairs of one row. A last partial vector goes through zero-padded copies (laid out
+// as halves of a full vector each): nothing is read or written past the row.
+template <class In, class Out, pairs PIn, pairs POut, bool RoundEach = false>
+void rotate_row(df32 d, const typename In::storage* x, typename Out::storage* y,
+                const token_angles& a, std::int64_t half) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t i = 0;
-  for (; i + n <= half; i += n)
-    neox_step<IO>(d, x + i, x + half + i, y + i, y + half + i, c + i, s + i);
+  for (; i + n <= half; i += n) rotate_step<In, Out, PIn, POut, RoundEach>(d, x, y, i, half, a);
   if (i == half) return;
-  const auto rest = static_cast<std::size_t>(half - i);
-  T a[max_f32_lanes] = {}, b[max_f32_lanes] = {};
-  float cc[max_f32_lanes] = {}, ss[max_f32_lanes] = {};
-  std::memcpy(a, x + i, rest * sizeof(T));
-  std::memcpy(b, x + half + i, rest * sizeof(T));
-  std::memcpy(cc, c + i, rest * sizeof(float));
-  std::memcpy(ss, s + i, rest * sizeof(float));
-  neox_step<IO>(d, a, b, a, b, cc, ss);
-  std::memcpy(y + i, a, rest * sizeof(T));
-  std::memcpy(y + half + i, b, rest * sizeof(T));
-}
-
-template <class IO>
-void gptj_row(df32 d, const typename IO::storage* x, typename IO::storage* y, const float* c,
-              const float* s, std::int64_t half) {
-  using T = typename IO::storage;
-  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  std::int64_t i = 0;  // pairs
-  for (; i + n <= half; i += n) gptj_step<IO>(d, x + 2 * i, y + 2 * i, c + i, s + i);
-  if (i == half) return;
-  const auto rest = static_cast<std::size_t>(half - i);
-  T a[2 * max_f32_lanes] = {};
-  float cc[max_f32_lanes] = {}, ss[max_f32_lanes] = {};
-  std::memcpy(a, x + 2 * i, 2 * rest * sizeof(T));
-  std::memcpy(cc, c + i, rest * sizeof(float));
-  std::memcpy(ss, s + i, rest * sizeof(float));
-  gptj_step<IO>(d, a, a, cc, ss);
-  std::memcpy(y + 2 * i, a, 2 * rest * sizeof(T));
+  const std::int64_t rest = half - i;
+  typename In::storage xt[2 * max_f32_lanes] = {};
+  typename Out::storage yt[2 * max_f32_lanes];
+  float at[4][max_f32_lanes] = {};
+  auto first = [&](pairs p, std::int64_t k) { return p == pairs::halves ? k : 2 * k; };
+  auto second = [&](pairs p, std::int64_t k) { return p == pairs::halves ? half + k : 2 * k + 1; };
+  for (std::int64_t j = 0; j < rest; ++j) {
+    xt[j] = x[first(PIn, i + j)];
+    xt[n + j] = x[second(PIn, i + j)];
+    at[0][j] = a.ca[i + j];
+    at[1][j] = a.sa[i + j];
+    at[2][j] = a.cb[i + j];
+    at[3][j] = a.sb[i + j];
+  }
+  const token_angles t{at[0], at[1], at[2], at[3]};
+  rotate_step<In, typename Out::plain, pairs::halves, pairs::halves, RoundEach>(d, xt, yt, 0, n, t);
+  for (std::int64_t j = 0; j < rest; ++j) {
+    y[first(POut, i + j)] = yt[j];
+    y[second(POut, i + j)] = yt[n + j];
+  }
 }
 
 // ---- per-token angles ------------------------------------------------------------------------
@@ -267,11 +301,29 @@ std::int64_t position_of(const rope_plan& p, std::int64_t b, std::int64_t s) {
                                   : static_cast<const std::int64_t*>(p.ids)[at];
 }
 
+// Multi-axis positions (MRoPE, 2D vision): frequency i reads the position of its own axis.
+std::int64_t axis_position_of(const rope_plan& p, std::int64_t i, std::int64_t s) {
+  const std::int64_t at = p.axis_of_frequency[i] * p.ids_axis + s;
+  return p.ids_type == dtype::i32 ? static_cast<const std::int32_t*>(p.ids)[at]
+                                  : static_cast<const std::int64_t*>(p.ids)[at];
+}
+
 // The x dtype's rounding of an fp32 value (hf_compat keeps its tables in the x dtype).
 float round_to(dtype t, float v) {
   if (t == dtype::f16) return f16_bits_to_f32(f32_to_f16_bits(v));
   if (t == dtype::bf16) return bf16_bits_to_f32(f32_to_bf16_bits(v));
   return v;
+}
+
+float value_at(dtype t, const void* p, std::int64_t e) {
+  switch (t) {
+    case dtype::f16:
+      return f16_bits_to_f32(static_cast<const std::uint16_t*>(p)[e]);
+    case dtype::bf16:
+      return bf16_bits_to_f32(static_cast<const std::uint16_t*>(p)[e]);
+    default:
+      return static_cast<const float*>(p)[e];
+  }
 }
 
 // A 16-bit table row widened to fp32, whole vectors first.
@@ -284,139 +336,249 @@ void widen_row(df32 d, const std::uint16_t* from, float* to, std::int64_t n,
   for (; i < n; ++i) to[i] = scalar(from[i]);
 }
 
-// Points c and s at cos_i and sin_i of position pos (i < half), with the sign of sin folded in
-// for backward: straight into an fp32 table when it can, else through `scratch` (2 * half).
-void angles_at(const rope_plan& p, std::int64_t pos, float* scratch, const float*& c,
-               const float*& s) {
+// The angles of token (b, s): straight out of an fp32 table or row when no conversion, plane
+// gather or sign change is needed, else through `scratch` (4 * r/2 floats). Backward takes
+// the transpose of the forward: ca, cb kept, (sa, sb) -> (-sb, -sa).
+token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, float* scratch) {
   const df32 d;
   const std::int64_t half = p.rotary_dim / 2;
-  float* cc = scratch;
-  float* ss = scratch + half;
-  if (p.cos != nullptr) {
-    const std::int64_t row = pos * p.table_row;
+  float* ca = scratch;
+  float* sa = scratch + half;
+  float* cb = scratch + 2 * half;
+  float* sb = scratch + 3 * half;
+  bool full = false;  // cb, sb differ from ca, sa
+  if (p.rows_cos != nullptr) {
+    full = p.rows_width != half;
+    const std::int64_t base = b * p.rows_b + s * p.rows_s;
+    if (p.rows_type == dtype::f32 && p.axis_of_frequency == nullptr && !p.backward &&
+        (!full || p.table_pairs == pairs::halves)) {
+      const float* c = static_cast<const float*>(p.rows_cos) + base;
+      const float* sn = static_cast<const float*>(p.rows_sin) + base;
+      return full ? token_angles{c, sn, c + half, sn + half} : token_angles{c, sn, c, sn};
+    }
+    for (std::int64_t i = 0; i < half; ++i) {
+      const std::int64_t plane = p.axis_of_frequency ? p.axis_of_frequency[i] : 0;
+      const std::int64_t row = plane * p.rows_plane + base;
+      if (!full) {
+        ca[i] = value_at(p.rows_type, p.rows_cos, row + i);
+        sa[i] = value_at(p.rows_type, p.rows_sin, row + i);
+      } else {
+        const bool halves = p.table_pairs == pairs::halves;
+        const std::int64_t ja = halves ? i : 2 * i, jb = halves ? half + i : 2 * i + 1;
+        ca[i] = value_at(p.rows_type, p.rows_cos, row + ja);
+        sa[i] = value_at(p.rows_type, p.rows_sin, row + ja);
+        cb[i] = value_at(p.rows_type, p.rows_cos, row + jb);
+        sb[i] = value_at(p.rows_type, p.rows_sin, row + jb);
+      }
+    }
+  } else if (p.cos != nullptr && p.axis_of_frequency != nullptr) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      const std::int64_t e = axis_position_of(p, i, s) * p.table_row + i;
+      ca[i] = value_at(p.table_type, p.cos, e);
+      sa[i] = value_at(p.table_type, p.sin, e);
+    }
+  } else if (p.cos != nullptr) {
+    const std::int64_t row = position_of(p, b, s) * p.table_row;
     if (p.table_type == dtype::f32) {
-      c = static_cast<const float*>(p.cos) + row;
-      s = static_cast<const float*>(p.sin) + row;
-      if (!p.backward) return;
-      std::memcpy(ss, s, static_cast<std::size_t>(half) * sizeof(float));
+      const float* c = static_cast<const float*>(p.cos) + row;
+      const float* sn = static_cast<const float*>(p.sin) + row;
+      if (!p.backward) return token_angles{c, sn, c, sn};
+      std::memcpy(ca, c, static_cast<std::size_t>(half) * sizeof(float));
+      std::memcpy(sa, sn, static_cast<std::size_t>(half) * sizeof(float));
     } else {
       const auto* c16 = static_cast<const std::uint16_t*>(p.cos) + row;
       const auto* s16 = static_cast<const std::uint16_t*>(p.sin) + row;
       if (p.table_type == dtype::f16) {
-        widen_row<f16_io>(d, c16, cc, half, f16_bits_to_f32);
-        widen_row<f16_io>(d, s16, ss, half, f16_bits_to_f32);
+        widen_row<f16_io>(d, c16, ca, half, f16_bits_to_f32);
+        widen_row<f16_io>(d, s16, sa, half, f16_bits_to_f32);
       } else {
-        widen_row<bf16_io>(d, c16, cc, half, bf16_bits_to_f32);
-        widen_row<bf16_io>(d, s16, ss, half, bf16_bits_to_f32);
+        widen_row<bf16_io>(d, c16, ca, half, bf16_bits_to_f32);
+        widen_row<bf16_io>(d, s16, sa, half, bf16_bits_to_f32);
       }
-      c = cc;
     }
-  } else if (p.precision == angle_precision::accurate) {
-    for (std::int64_t i = 0; i < half; ++i) {
-      const double a = static_cast<double>(pos) * p.inv_freq[i];
-      cc[i] = static_cast<float>(std::cos(a));
-      ss[i] = static_cast<float>(std::sin(a));
-    }
-    c = cc;
   } else {
+    const std::int64_t pos = p.axis_of_frequency ? 0 : position_of(p, b, s);
+    const auto scale = static_cast<float>(p.attention_scaling);
     for (std::int64_t i = 0; i < half; ++i) {
-      const double a = static_cast<float>(pos) * p.inv_freq_f32[i];
-      cc[i] = round_to(p.x_type, static_cast<float>(std::cos(a)));
-      ss[i] = round_to(p.x_type, static_cast<float>(std::sin(a)));
+      const std::int64_t at = p.axis_of_frequency ? axis_position_of(p, i, s) : pos;
+      if (p.precision == angle_precision::accurate) {
+        const double a = static_cast<double>(at) * p.inv_freq[i];
+        ca[i] = static_cast<float>(std::cos(a) * p.attention_scaling);
+        sa[i] = static_cast<float>(std::sin(a) * p.attention_scaling);
+      } else {
+        const double a = static_cast<float>(at) * p.inv_freq_f32[i];
+        ca[i] = round_to(p.x_type, static_cast<float>(std::cos(a)) * scale);
+        sa[i] = round_to(p.x_type, static_cast<float>(std::sin(a)) * scale);
+      }
     }
-    c = cc;
+  }
+  if (!full) {
+    if (p.backward) {
+      for (std::int64_t i = 0; i < half; ++i) sa[i] = -sa[i];
+    }
+    return token_angles{ca, sa, ca, sa};
   }
   if (p.backward) {
-    for (std::int64_t i = 0; i < half; ++i) ss[i] = -ss[i];
+    for (std::int64_t i = 0; i < half; ++i) {
+      const float first = sa[i];
+      sa[i] = -sb[i];
+      sb[i] = -first;
+    }
   }
-  s = ss;
+  return token_angles{ca, sa, cb, sb};
 }
 
 constexpr std::int64_t prefetch_tokens = 2;
 
-// Multi-axis positions (MRoPE): each frequency reads the position of its own axis, so the
-// row is gathered entry by entry into `scratch`.
-void axis_angles_at(const rope_plan& p, std::int64_t token, float* scratch, const float*& c,
-                    const float*& s) {
-  const std::int64_t half = p.rotary_dim / 2;
-  float* cc = scratch;
-  float* ss = scratch + half;
-  for (std::int64_t i = 0; i < half; ++i) {
-    const std::int64_t at = p.axis_of_frequency[i] * p.ids_axis + token;
-    const std::int64_t pos = p.ids_type == dtype::i32 ? static_cast<const std::int32_t*>(p.ids)[at]
-                                                      : static_cast<const std::int64_t*>(p.ids)[at];
-    if (p.cos != nullptr) {
-      const std::int64_t e = pos * p.table_row + i;
-      switch (p.table_type) {
-        case dtype::f16:
-          cc[i] = f16_bits_to_f32(static_cast<const std::uint16_t*>(p.cos)[e]);
-          ss[i] = f16_bits_to_f32(static_cast<const std::uint16_t*>(p.sin)[e]);
-          break;
-        case dtype::bf16:
-          cc[i] = bf16_bits_to_f32(static_cast<const std::uint16_t*>(p.cos)[e]);
-          ss[i] = bf16_bits_to_f32(static_cast<const std::uint16_t*>(p.sin)[e]);
-          break;
-        default:
-          cc[i] = static_cast<const float*>(p.cos)[e];
-          ss[i] = static_cast<const float*>(p.sin)[e];
-      }
-    } else if (p.precision == angle_precision::accurate) {
-      const double a = static_cast<double>(pos) * p.inv_freq[i];
-      cc[i] = static_cast<float>(std::cos(a));
-      ss[i] = static_cast<float>(std::sin(a));
-    } else {
-      const double a = static_cast<float>(pos) * p.inv_freq_f32[i];
-      cc[i] = round_to(p.x_type, static_cast<float>(std::cos(a)));
-      ss[i] = round_to(p.x_type, static_cast<float>(std::sin(a)));
-    }
-    if (p.backward) ss[i] = -ss[i];
-  }
-  c = cc;
-  s = ss;
+// Per-thread scratch: 4 * r/2 angles, then two rows of head_dim fp32.
+float* thread_scratch(const rope_plan& p) {
+  thread_local std::vector<float> scratch;
+  const auto need = static_cast<std::size_t>(2 * p.rotary_dim + 2 * p.head_dim + 8);
+  if (scratch.size() < need) scratch.resize(need);
+  return scratch.data();
 }
 
-template <class IO>
+// Visits every head row of tokens [first, last): fn(t, angles, block, x, y) with x and y
+// the row's input and output; the rows `prefetch_tokens` ahead are asked for meanwhile, as
+// each row is touched once and loads must stay in flight across the per-token work.
+template <class T, class Fn>
+void for_each_row(const rope_plan& p, std::int64_t first, std::int64_t last, float* angle_scratch,
+                  Fn&& fn) {
+  for (std::int64_t t = first; t < last; ++t) {
+    const std::int64_t b = t / p.seq, q = t % p.seq;
+    const token_angles a = angles_for(p, b, q, angle_scratch);
+    for (int k = 0; k < p.num_blocks; ++k) {
+      const head_block& blk = p.blocks[k];
+      const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
+      T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
+      const bool prefetch = t + prefetch_tokens < last && (t + prefetch_tokens) / p.seq == b;
+      const T* next = in + prefetch_tokens * blk.in_s;
+      const std::int64_t row_bytes = p.head_dim * static_cast<std::int64_t>(sizeof(T));
+      for (std::int64_t h = 0; h < blk.heads; ++h) {
+        if (prefetch) {
+          const auto* line = reinterpret_cast<const char*>(next + h * blk.in_h);
+          for (std::int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(line + o);
+        }
+        fn(b, q, a, blk, h, in + h * blk.in_h, out + h * blk.out_h);
+      }
+    }
+  }
+}
+
+template <class IO, pairs PIn, pairs POut>
 void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
   const std::int64_t pass = p.head_dim - rotary;
-  thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<std::size_t>(2 * half));
-  const float* c = nullptr;
-  const float* s = nullptr;
-  for (std::int64_t t = first; t < last; ++t) {
-    const std::int64_t b = t / p.seq, q = t % p.seq;
-    if (p.axis_of_frequency != nullptr) {
-      axis_angles_at(p, q, scratch.data(), c, s);
-    } else {
-      angles_at(p, position_of(p, b, q), scratch.data(), c, s);
-    }
-    for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
-      const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
-      T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
-      // Each head row is touched once: ask for the same row `ahead` tokens on while this one
-      // computes, so that loads stay in flight across the per-token work.
-      const bool prefetch = t + prefetch_tokens < last && (t + prefetch_tokens) / p.seq == b;
-      const T* next = in + prefetch_tokens * blk.in_s;
-      const std::int64_t row_bytes = p.head_dim * static_cast<std::int64_t>(sizeof(T));
-      for (std::int64_t h = 0; h < blk.heads; ++h) {
-        const T* x = in + h * blk.in_h;
-        T* y = out + h * blk.out_h;
-        if (prefetch) {
-          const auto* line = reinterpret_cast<const char*>(next + h * blk.in_h);
-          for (std::int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(line + o);
-        }
-        if (p.style == rope_style::neox) {
-          neox_row<IO>(d, x, y, c, s, half);
-        } else {
-          gptj_row<IO>(d, x, y, c, s, half);
-        }
-        if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
-      }
-    }
+  float* scratch = thread_scratch(p);
+  // in place with a changed layout: each row is read whole before it is written
+  T* row_copy = reinterpret_cast<T*>(scratch + 2 * rotary);
+  for_each_row<T>(p, first, last, scratch,
+                  [&](std::int64_t, std::int64_t, const token_angles& a, const head_block&,
+                      std::int64_t, const T* x, T* y) {
+                    if (pass > 0 && x != y) {
+                      std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
+                    }
+                    if constexpr (PIn != POut) {
+                      if (x == y) {
+                        std::memcpy(row_copy, x, static_cast<std::size_t>(rotary) * sizeof(T));
+                        x = row_copy;
+                      }
+                    }
+                    rotate_row<IO, IO, PIn, POut>(d, x, y, a, half);
+                  });
+}
+
+// Sum of x^2 over n elements, in fp32.
+template <class IO>
+float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  vf32 acc = hn::Zero(d);
+  std::int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    const vf32 v = IO::load(d, x + j);
+    acc = hn::MulAdd(v, v, acc);
   }
+  float sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; j < n; ++j) {
+    const float v = IO::load1(x + j);
+    sum += v * v;
+  }
+  return sum;
+}
+
+float scalar_round(dtype t, float v) { return round_to(t, v); }
+
+// QK RMSNorm + RoPE: h = x r w into fp32 scratch, then the rotation out of it.
+template <class IO, pairs PIn, pairs POut, bool HfRound>
+void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
+  using T = typename IO::storage;
+  const df32 d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
+  float* scratch = thread_scratch(p);
+  float* h = scratch + 2 * rotary;
+  const float inv_d = 1.0f / static_cast<float>(D);
+  for_each_row<T>(p, first, last, scratch,
+                  [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
+                      std::int64_t, const T* x, T* y) {
+                    const float mean = sum_of_squares<IO>(d, x, D) * inv_d;
+                    const float r = 1.0f / std::sqrt(mean + p.eps);
+                    const vf32 rv = hn::Set(d, r);
+                    std::int64_t j = 0;
+                    for (; j + lanes <= D; j += lanes) {
+                      vf32 n = hn::Mul(IO::load(d, x + j), rv);
+                      if constexpr (HfRound) n = IO::round(d, n);
+                      vf32 hw = hn::Mul(n, hn::LoadU(d, blk.weight + j));
+                      if constexpr (HfRound) hw = IO::round(d, hw);
+                      hn::StoreU(hw, d, h + j);
+                    }
+                    for (; j < D; ++j) {
+                      float n = IO::load1(x + j) * r;
+                      if constexpr (HfRound) n = scalar_round(p.x_type, n);
+                      float hw = n * blk.weight[j];
+                      if constexpr (HfRound) hw = scalar_round(p.x_type, hw);
+                      h[j] = hw;
+                    }
+                    rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
+                    for (j = rotary; j < D; ++j) IO::store1(h[j], y + j);
+                  });
+}
+
+// Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts):
+// dh = rope_backward(g), then through the normalisation.
+template <class IO, pairs PIn, pairs POut>
+void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last,
+                                  int chunk) {
+  using T = typename IO::storage;
+  const df32 d;
+  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
+  float* scratch = thread_scratch(p);
+  float* dh = scratch + 2 * rotary;
+  float* xr = dh + D;
+  const float inv_d = 1.0f / static_cast<float>(D);
+  for_each_row<T>(p, first, last, scratch,
+                  [&](std::int64_t b, std::int64_t s, const token_angles& a, const head_block& blk,
+                      std::int64_t hd, const T* g, T* dx) {
+                    rotate_row<IO, f32_io, PIn, POut>(d, g, dh, a, half);
+                    for (std::int64_t j = rotary; j < D; ++j) dh[j] = IO::load1(g + j);
+                    const T* x =
+                        static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s + hd * blk.x_h;
+                    float sq = 0, dot = 0;
+                    for (std::int64_t j = 0; j < D; ++j) {
+                      xr[j] = IO::load1(x + j);
+                      sq += xr[j] * xr[j];
+                      dot += blk.weight[j] * dh[j] * xr[j];
+                    }
+                    const float r = 1.0f / std::sqrt(sq * inv_d + p.eps);
+                    const float coef = r * r * r * inv_d * dot;
+                    double* dw = blk.weight_grad + chunk * D;
+                    for (std::int64_t j = 0; j < D; ++j) {
+                      IO::store1(r * blk.weight[j] * dh[j] - coef * xr[j], dx + j);
+                      dw[j] += static_cast<double>(dh[j] * xr[j] * r);
+                    }
+                  });
 }
 
 // Large out-of-place calls whose every output vector is aligned take streaming stores.
@@ -429,9 +591,11 @@ bool can_stream(const rope_plan& p) {
   const df32 d;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t es = sizeof(T), half = p.rotary_dim / 2;
-  // neox stores vectors of `lanes` elements at i and half + i; gptj vectors of 2 * lanes
-  const std::int64_t vector_bytes = lanes * es * (p.style == rope_style::gptj ? 2 : 1);
-  if (p.style == rope_style::gptj && !IO::pairs_encode) return false;
+  const bool adjacent = p.out_pairs == pairs::adjacent;
+  // halves store vectors of `lanes` elements at i and half + i; pairs vectors of 2 * lanes
+  const std::int64_t vector_bytes = lanes * es * (adjacent ? 2 : 1);
+  if (adjacent && !IO::pairs_encode) return false;
+  if (p.in_pairs != p.out_pairs) return false;
   if (half % lanes != 0) return false;
   std::int64_t bytes = 0;
   for (int k = 0; k < p.num_blocks; ++k) {
@@ -441,7 +605,7 @@ bool can_stream(const rope_plan& p) {
     for (std::int64_t stride : {b.out_b, b.out_s, b.out_h}) {
       if ((stride * es) % vector_bytes != 0) return false;
     }
-    if ((half * es) % vector_bytes != 0 && p.style == rope_style::neox) return false;
+    if ((half * es) % vector_bytes != 0 && !adjacent) return false;
     bytes += p.tokens() * b.heads * p.head_dim * es;
   }
   return bytes >= min_streaming_bytes;
@@ -451,24 +615,43 @@ bool can_stream(const rope_plan& p) {
 #endif
 }
 
-template <class IO>
-void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last) {
-  if (can_stream<IO>(p)) {
-    rope_tokens_loop<streaming_io<IO>>(p, first, last);
+template <class IO, pairs PIn, pairs POut>
+void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
+  if (p.qk_norm && p.backward) {
+    qk_norm_backward_tokens_loop<IO, PIn, POut>(p, first, last, chunk);
+  } else if (p.qk_norm) {
+    if (p.hf_rounding) {
+      qk_norm_tokens_loop<IO, PIn, POut, true>(p, first, last);
+    } else {
+      qk_norm_tokens_loop<IO, PIn, POut, false>(p, first, last);
+    }
+  } else if (can_stream<IO>(p)) {
+    rope_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last);
     hwy::FlushStream();
   } else {
-    rope_tokens_loop<IO>(p, first, last);
+    rope_tokens_loop<IO, PIn, POut>(p, first, last);
   }
 }
 
-void rope_tokens_impl(const rope_plan& p, std::int64_t first, std::int64_t last) {
+template <class IO>
+void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
+  constexpr pairs H = pairs::halves, A = pairs::adjacent;
+  if (p.in_pairs == H) {
+    return p.out_pairs == H ? rope_tokens_layout<IO, H, H>(p, first, last, chunk)
+                            : rope_tokens_layout<IO, H, A>(p, first, last, chunk);
+  }
+  return p.out_pairs == H ? rope_tokens_layout<IO, A, H>(p, first, last, chunk)
+                          : rope_tokens_layout<IO, A, A>(p, first, last, chunk);
+}
+
+void rope_tokens_impl(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
   switch (p.x_type) {
     case dtype::f16:
-      return rope_tokens_typed<f16_io>(p, first, last);
+      return rope_tokens_typed<f16_io>(p, first, last, chunk);
     case dtype::bf16:
-      return rope_tokens_typed<bf16_io>(p, first, last);
+      return rope_tokens_typed<bf16_io>(p, first, last, chunk);
     default:
-      return rope_tokens_typed<f32_io>(p, first, last);
+      return rope_tokens_typed<f32_io>(p, first, last, chunk);
   }
 }
 
@@ -503,8 +686,8 @@ HWY_EXPORT(rope_tokens_impl);
 HWY_EXPORT(convert_f32_to_16_impl);
 HWY_EXPORT(convert_16_to_f32_impl);
 
-void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last) {
-  HWY_DYNAMIC_DISPATCH(rope_tokens_impl)(plan, first, last);
+void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last, int chunk) {
+  HWY_DYNAMIC_DISPATCH(rope_tokens_impl)(plan, first, last, chunk);
 }
 void convert_f32_to_16(dtype to, const float* in, std::uint16_t* out, std::int64_t n) {
   HWY_DYNAMIC_DISPATCH(convert_f32_to_16_impl)(to, in, out, n);

@@ -17,11 +17,24 @@ struct head_block {
   std::int64_t heads = 0;
   std::int64_t in_b = 0, in_s = 0, in_h = 0;
   std::int64_t out_b = 0, out_s = 0, out_h = 0;
+  // QK RMSNorm: the weight as fp32 [head_dim]; backward: the forward's input x and the fp64
+  // weight-gradient accumulator [chunks][head_dim]
+  const float* weight = nullptr;
+  const void* x = nullptr;
+  std::int64_t x_b = 0, x_s = 0, x_h = 0;
+  double* weight_grad = nullptr;
 };
+
+// How the two elements of each rotated pair sit in a row: (i, i + r/2) or (2i, 2i + 1).
+enum class pairs : std::uint8_t { halves, adjacent };
 
 struct rope_plan {
   rope_style style = rope_style::neox;
   bool backward = false;
+  // the kernel reads pairs as `in_pairs` and writes them as `out_pairs` (backward of a
+  // split-half output reads halves and writes adjacent pairs); full-width angle rows are split
+  // by the forward's output layout, `table_pairs`
+  pairs in_pairs = pairs::halves, out_pairs = pairs::halves, table_pairs = pairs::halves;
   dtype x_type = dtype::f32;
   std::int64_t batch = 0, seq = 0;  // tokens = batch * seq
   std::int64_t head_dim = 0, rotary_dim = 0;
@@ -45,15 +58,31 @@ struct rope_plan {
   const double* inv_freq = nullptr;     // accurate
   const float* inv_freq_f32 = nullptr;  // hf_compat
   angle_precision precision = angle_precision::accurate;
+  double attention_scaling = 1.0;  // computed angles
+  // per-token rows: cos[plane * rows_plane + b * rows_b + s * rows_s + column], `rows_width`
+  // columns (rotary_dim: full rows; rotary_dim / 2: one per frequency); the plane of
+  // frequency i is axis_of_frequency[i] when that is set, else 0
+  const void* rows_cos = nullptr;
+  const void* rows_sin = nullptr;
+  dtype rows_type = dtype::f32;
+  std::int64_t rows_plane = 0, rows_b = 0, rows_s = 0, rows_width = 0;
+
+  // QK RMSNorm + RoPE (blocks[k].weight), forward or backward (blocks[k].x, weight_grad)
+  bool qk_norm = false;
+  float eps = 0;
+  bool hf_rounding = false;
 
   std::int64_t tokens() const { return batch * seq; }
 };
 
 // Runs the plan on the CPU: threads split the tokens; small problems stay on this thread.
+// Weight gradients (qk-norm backward) are summed into blocks[k].weight_grad, which must hold
+// max_chunks() * head_dim zeroed doubles; run_rope_cpu adds the chunks into chunk 0.
 void run_rope_cpu(const rope_plan& plan);
+int max_chunks();
 
-// Per-target entry points (rope_kernels.cc).
-void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last);
+// Per-target entry points (rope_kernels.cc). `chunk` selects the weight-gradient row.
+void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last, int chunk);
 void convert_f32_to_16(dtype to, const float* in, std::uint16_t* out, std::int64_t n);
 void convert_16_to_f32(dtype from, const std::uint16_t* in, float* out, std::int64_t n);
 

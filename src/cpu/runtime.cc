@@ -157,6 +157,8 @@ namespace detail {
 // costs more than the work (a decode step is a few thousand elements).
 constexpr std::int64_t min_parallel_elements = 1 << 16;
 
+int max_chunks() { return num_threads(); }
+
 void run_rope_cpu(const rope_plan& plan) {
   apply_env_target();
   const std::int64_t tokens = plan.tokens();
@@ -166,7 +168,7 @@ void run_rope_cpu(const rope_plan& plan) {
   const std::int64_t elements = tokens * heads * plan.head_dim;
   const int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), tokens));
   if (threads <= 1 || elements < min_parallel_elements) {
-    rope_tokens(plan, 0, tokens);
+    rope_tokens(plan, 0, tokens, 0);
     return;
   }
 #pragma omp parallel num_threads(threads)
@@ -175,7 +177,15 @@ void run_rope_cpu(const rope_plan& plan) {
     const int id = omp_get_thread_num();
     const std::int64_t first = tokens * id / n;
     const std::int64_t last = tokens * (id + 1) / n;
-    rope_tokens(plan, first, last);
+    rope_tokens(plan, first, last, id);
+  }
+  // weight gradients: the chunks added in a fixed order into chunk 0
+  for (int k = 0; k < plan.num_blocks; ++k) {
+    double* g = plan.blocks[k].weight_grad;
+    if (g == nullptr) continue;
+    for (int c = 1; c < threads; ++c) {
+      for (std::int64_t j = 0; j < plan.head_dim; ++j) g[j] += g[c * plan.head_dim + j];
+    }
   }
 }
 

@@ -181,4 +181,65 @@ void interleave_rope(std::int64_t rows, std::int64_t D, bool split_half_output, 
   }
 }
 
+void rotate_row(variant v, std::int64_t head_dim, std::int64_t rotary_dim, const double* cos_row,
+                const double* sin_row, const double* x, double* y) {
+  const std::vector<const double*> c{cos_row}, s{sin_row};
+  if (v == variant::neox) {
+    rope_full(1, rotary_dim, x, c, s, y);
+  } else {
+    interleave_rope(1, rotary_dim, v == variant::gptj_split_half, x, c, s, y);
+  }
+  for (std::int64_t j = rotary_dim; j < head_dim; ++j) y[j] = x[j];
+}
+
+void linear_transpose(std::int64_t n, const std::function<void(const double*, double*)>& f,
+                      const double* g, double* dx) {
+  std::vector<double> e(static_cast<std::size_t>(n), 0.0), col(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) {
+    e[j] = 1.0;
+    f(e.data(), col.data());
+    e[j] = 0.0;
+    double sum = 0;
+    for (std::int64_t i = 0; i < n; ++i) sum += col[i] * g[i];
+    dx[j] = sum;
+  }
+}
+
+void qk_norm_rope_row_hf(dtype t, std::int64_t head_dim, std::int64_t rotary_dim, double eps,
+                         const double* w, const double* cos_row, const double* sin_row,
+                         const double* x, double* y) {
+  auto f32 = [](double v) { return round_to(dtype::f32, v); };
+  double sq = 0;
+  for (std::int64_t j = 0; j < head_dim; ++j) sq += x[j] * x[j];
+  const double mean = f32(sq / static_cast<double>(head_dim));
+  const double r = f32(1.0 / std::sqrt(f32(mean + f32(eps))));
+  std::vector<double> h(static_cast<std::size_t>(head_dim));
+  for (std::int64_t j = 0; j < head_dim; ++j) {
+    const double n = round_to(t, f32(x[j] * r));
+    h[j] = round_to(t, f32(n * w[j]));
+  }
+  const std::int64_t half = rotary_dim / 2;
+  for (std::int64_t j = 0; j < rotary_dim; ++j) {
+    const double rotated = j < half ? -h[j + half] : h[j - half];
+    const double a = round_to(t, f32(h[j] * cos_row[j]));
+    const double b = round_to(t, f32(rotated * sin_row[j]));
+    y[j] = round_to(t, f32(a + b));
+  }
+  for (std::int64_t j = rotary_dim; j < head_dim; ++j) y[j] = h[j];
+}
+
+void finite_difference_gradient(std::int64_t n, const std::function<double(const double*)>& f,
+                                const double* x, double h, double* grad) {
+  std::vector<double> p(x, x + n);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const double step = h * std::max(1.0, std::fabs(x[j]));
+    p[j] = x[j] + step;
+    const double up = f(p.data());
+    p[j] = x[j] - step;
+    const double down = f(p.data());
+    p[j] = x[j];
+    grad[j] = (up - down) / (2 * step);
+  }
+}
+
 }  // namespace tilerope::golden

@@ -3,6 +3,7 @@
 // kernels (only the rope_style enum), so that agreement between the two means something.
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -84,5 +85,33 @@ void rms_norm(std::int64_t rows, std::int64_t D, const double* x, const double* 
 void interleave_rope(std::int64_t rows, std::int64_t D, bool split_half_output, const double* x,
                      const std::vector<const double*>& cos_rows,
                      const std::vector<const double*>& sin_rows, double* y);
+
+// ---- every variant on rows, with full-width cos/sin rows (as HF passes position_embeddings) -
+
+// Which pairs a variant rotates and where it writes them: neox (x*cos + rotate_half(x)*sin),
+// gptj (adjacent pairs, positional tables), gptj_split_half (adjacent pairs in, split-half out,
+// half-pair tables: interleave_rope's split-half form).
+enum class variant { neox, gptj, gptj_split_half };
+
+// One row of head_dim: the first rotary_dim dims by the variant's formula with cos_row and
+// sin_row (rotary_dim entries each), the rest copied.
+void rotate_row(variant v, std::int64_t head_dim, std::int64_t rotary_dim, const double* cos_row,
+                const double* sin_row, const double* x, double* y);
+
+// The transpose of a linear map f of rows of n: dx = J^T g, J's column j being f(e_j). The
+// gradient of sum(g * f(x)) w.r.t. x, exact for the rotations (linear in x).
+void linear_transpose(std::int64_t n, const std::function<void(const double*, double*)>& f,
+                      const double* g, double* dx);
+
+// Qwen3's RMSNorm then the neox rotation with HF transformers' roundings in dtype t:
+//   r = fp32(1 / sqrt(fp32(mean(x^2)) + eps)), n = t(fp32(x r)), h = t(fp32(n w)),
+//   y = t(t(h * cos) + t(rotate_half(h) * sin))         (cos, sin: full rows, already in t)
+void qk_norm_rope_row_hf(dtype t, std::int64_t head_dim, std::int64_t rotary_dim, double eps,
+                         const double* w, const double* cos_row, const double* sin_row,
+                         const double* x, double* y);
+
+// Central finite differences of a scalar function of n variables at x, step h * max(1, |x_j|).
+void finite_difference_gradient(std::int64_t n, const std::function<double(const double*)>& f,
+                                const double* x, double h, double* grad);
 
 }  // namespace tilerope::golden

@@ -138,6 +138,14 @@ void check_case_fields(const rope_case& c) {
     bad("vision_2d needs the thd layout, full rotary, head_dim % 4 == 0, accurate angles, no "
         "mrope_section");
   }
+  if (!c.rows.empty() && c.rows != "f32" && c.rows != "f16" && c.rows != "bf16") {
+    bad("rows '" + c.rows + "' is not one of f32, f16, bf16 (or absent)");
+  }
+  if ((c.rows_half || c.random_rows) && c.rows.empty()) bad("rows_half and random_rows need rows");
+  if (c.qk_norm && c.norm_rounding == qk_norm_rounding::hf_qwen3 &&
+      (c.style != rope_style::neox || c.backward)) {
+    bad("norm_rounding hf_qwen3 needs style neox and no backward");
+  }
   const double big = 1e9;
   if (c.batch * c.tokens * (c.q_heads + 2 * c.k_heads) * c.head_dim > big) bad("too large");
 }
@@ -147,7 +155,11 @@ void check_case_fields(const rope_case& c) {
 std::string variant_of(const rope_case& c) {
   std::string v = c.mrope_section ? "mrope-" + std::string(to_string(c.mrope)) + "-" : "";
   if (c.vision_2d) v = "vision2d-";
-  return v + std::string(to_string(c.style)) + (c.backward ? "-bwd" : "");
+  if (c.qk_norm) v = "qknorm-" + v;
+  std::string style(to_string(c.style));
+  if (c.output_layout == rope_output_layout::split_half) style += "-split";
+  if (!c.rows.empty()) style += c.rows_half ? "-rows/2" : "-rows";
+  return v + style + (c.backward ? "-bwd" : "");
 }
 
 std::string shape_of(const rope_case& c) {
@@ -256,10 +268,60 @@ case_result run_case(const rope_case& c) {
   };
   std::int64_t largest = pos.empty() ? 0 : *std::max_element(pos.begin(), pos.end());
   for (std::int64_t p : axis_pos) largest = std::max(largest, p);
+  // The golden's cos/sin per token and frequency (half width), for every source but rows.
   std::vector<double> gcos, gsin;
   rope_table table;
   rope_angles angles;
-  if (c.table != "none") {
+  const bool rows = !c.rows.empty();
+  // how a full row's columns pair up: by the output layout (halves unless plain gptj)
+  const bool adjacent_table =
+      c.style == rope_style::gptj && c.output_layout == rope_output_layout::as_input;
+  const golden::variant gvariant = c.style == rope_style::neox ? golden::variant::neox
+                                   : adjacent_table            ? golden::variant::gptj
+                                                               : golden::variant::gptj_split_half;
+  auto freq_of_column = [&](std::int64_t j) { return adjacent_table ? j / 2 : j % half_dim; };
+  // the golden's own inverse frequencies, and the angle of frequency i at position p
+  std::vector<double> ginv = golden::inv_freq(rotary, c.theta);
+  if (c.vision_2d) {
+    for (std::int64_t i = 0; i < half_dim; ++i)
+      ginv[static_cast<std::size_t>(i)] = golden::vision_2d_frequency(D, c.theta, i).second;
+  }
+  tensor row_cos, row_sin;
+  if (rows) {
+    // [T, w], [B, S, w] or [S, w] (shared), or planes [A, T, w]
+    const std::int64_t w = c.rows_half ? half_dim : rotary;
+    std::vector<std::int64_t> shape;
+    if (multi_axis) shape.push_back(n_axes);
+    if (rank4 && !c.shared_positions) shape.push_back(B);
+    shape.push_back(S);
+    shape.push_back(w);
+    const dtype rt = dtype_from_string(c.rows);
+    row_cos = tensor(rt, shape);
+    row_sin = tensor(rt, shape);
+    const std::int64_t planes = multi_axis ? n_axes : 1;
+    const std::int64_t per_plane = row_cos.numel() / planes;
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (std::int64_t a = 0; a < planes; ++a) {
+      for (std::int64_t e = 0; e < per_plane; ++e) {
+        const std::int64_t token = e / w, col = e % w;
+        const std::int64_t p = multi_axis ? axis_pos[static_cast<std::size_t>(a * S + token)]
+                                          : pos[static_cast<std::size_t>(token)];
+        const std::int64_t i = c.rows_half ? col : freq_of_column(col);
+        const double angle = static_cast<double>(p) * ginv[static_cast<std::size_t>(i)];
+        const auto at = static_cast<std::size_t>(a * per_plane + e);
+        store_from_f64(row_cos.data(), rt, at, c.random_rows ? u(rng) : std::cos(angle));
+        store_from_f64(row_sin.data(), rt, at, c.random_rows ? u(rng) : std::sin(angle));
+      }
+    }
+    if (multi_axis) {
+      angles = rope_angles::from_token_rows(
+          row_cos, row_sin,
+          c.vision_2d ? vision.axis_of_frequency : mrope_axis_map(*c.mrope_section, c.mrope));
+    } else {
+      angles = rope_angles::from_token_rows(row_cos, row_sin);
+    }
+    positions = rope_positions::none();
+  } else if (c.table != "none") {
     table = c.vision_2d ? make_rope_table(std::max(c.max_pos, largest + 1), vision.inv_freq,
                                           dtype_from_string(c.table))
                         : make_rope_table(std::max(c.max_pos, largest + 1), rotary, c.theta,
@@ -275,24 +337,19 @@ case_result run_case(const rope_case& c) {
   } else if (!multi_axis) {
     angles = rope_angles::from_theta(c.theta, c.precision);
     if (c.precision == angle_precision::accurate) {
-      golden::angles(golden::inv_freq(rotary, c.theta), pos, gcos, gsin);
+      golden::angles(ginv, pos, gcos, gsin);
     } else {
       golden::angles_hf(rotary, c.theta, pos, c.x_type, gcos, gsin);
     }
   } else {  // per frequency, each at the position of its axis
     angles = c.vision_2d ? rope_angles::from_inv_freq(vision.inv_freq, c.precision)
                          : rope_angles::from_theta(c.theta, c.precision);
-    std::vector<double> inv = golden::inv_freq(rotary, c.theta);
-    if (c.vision_2d) {
-      for (std::int64_t i = 0; i < half_dim; ++i)
-        inv[static_cast<std::size_t>(i)] = golden::vision_2d_frequency(D, c.theta, i).second;
-    }
     for (std::int64_t t = 0; t < S; ++t) {
       for (std::int64_t i = 0; i < half_dim; ++i) {
         const auto ui = static_cast<std::size_t>(i);
         std::vector<double> cs, sn;
         if (c.precision == angle_precision::accurate) {
-          golden::angles({inv[ui]}, {position_at(t, i)}, cs, sn);
+          golden::angles({ginv[ui]}, {position_at(t, i)}, cs, sn);
           gcos.push_back(cs[0]);
           gsin.push_back(sn[0]);
         } else {
@@ -302,6 +359,97 @@ case_result run_case(const rope_case& c) {
         }
       }
     }
+  }
+  // Full-width golden rows per token (rotary entries): half-width values spread over the
+  // columns of each pair, or the rows as the kernel reads them (plane of each column's
+  // frequency; chunked MRoPE as the source material builds it from chunks of section * 2).
+  const std::int64_t tokens = B * S;
+  std::vector<double> full_cos(static_cast<std::size_t>(tokens * rotary)),
+      full_sin(full_cos.size());
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    double* fc = full_cos.data() + t * rotary;
+    double* fs = full_sin.data() + t * rotary;
+    if (!rows) {
+      for (std::int64_t j = 0; j < rotary; ++j) {
+        const auto at = static_cast<std::size_t>(t * half_dim + freq_of_column(j));
+        fc[j] = gcos[at];
+        fs[j] = gsin[at];
+      }
+      continue;
+    }
+    const std::int64_t w = c.rows_half ? half_dim : rotary;
+    const std::int64_t token_row = rank4 && c.shared_positions ? t % S : t;
+    const std::int64_t per_plane = row_cos.numel() / (multi_axis ? n_axes : 1);
+    auto value = [&](const tensor& tab, std::int64_t plane, std::int64_t col) {
+      const auto at = static_cast<std::size_t>(plane * per_plane + token_row * w + col);
+      return load_as_f64(tab.data(), tab.type(), at);
+    };
+    if (multi_axis && !c.vision_2d && c.mrope == mrope_layout::chunked && !adjacent_table &&
+        !c.rows_half) {
+      std::vector<double> planes_c(static_cast<std::size_t>(3 * rotary)), planes_s(planes_c.size());
+      for (std::int64_t a = 0; a < 3; ++a) {
+        for (std::int64_t j = 0; j < rotary; ++j) {
+          planes_c[static_cast<std::size_t>(a * rotary + j)] = value(row_cos, a, j);
+          planes_s[static_cast<std::size_t>(a * rotary + j)] = value(row_sin, a, j);
+        }
+      }
+      const std::int64_t sec64[3] = {sec[0], sec[1], sec[2]};
+      const double* pc[3] = {&planes_c[0], &planes_c[rotary], &planes_c[2 * rotary]};
+      const double* ps[3] = {&planes_s[0], &planes_s[rotary], &planes_s[2 * rotary]};
+      golden::mrope_row(sec64, rotary, pc, fc);
+      golden::mrope_row(sec64, rotary, ps, fs);
+      continue;
+    }
+    for (std::int64_t j = 0; j < rotary; ++j) {
+      const std::int64_t i = freq_of_column(j);
+      std::int64_t plane = 0;
+      if (multi_axis) {
+        plane = c.vision_2d ? golden::vision_2d_frequency(D, c.theta, i).first
+                            : golden::mrope_axis(sec, c.mrope == mrope_layout::interleaved,
+                                                 static_cast<int>(i));
+      }
+      const std::int64_t col = c.rows_half ? i : j;
+      fc[j] = value(row_cos, plane, col);
+      fs[j] = value(row_sin, plane, col);
+    }
+  }
+
+  // QK RMSNorm weights, [D] of the x dtype, around 1.
+  tensor q_weight, k_weight;
+  std::vector<double> gw[2];
+  if (c.qk_norm) {
+    std::normal_distribution<double> around_one(1.0, 0.25);
+    q_weight = tensor(c.x_type, {D});
+    k_weight = tensor(c.x_type, {D});
+    for (tensor* w : {&q_weight, &k_weight}) {
+      for (std::int64_t j = 0; j < D; ++j) {
+        store_from_f64(w->data(), c.x_type, static_cast<std::size_t>(j), around_one(rng));
+      }
+    }
+    for (int k2 = 0; k2 < 2; ++k2) {
+      const tensor& w = k2 ? k_weight : q_weight;
+      for (std::int64_t j = 0; j < D; ++j)
+        gw[k2].push_back(load_as_f64(w.data(), w.type(), static_cast<std::size_t>(j)));
+    }
+  }
+  qk_norm norm;
+  norm.q_weight = q_weight;
+  if (c.k_heads) norm.k_weight = k_weight.view();
+  norm.eps = c.eps;
+  norm.rounding = c.norm_rounding;
+  const bool norm_backward = c.qk_norm && c.backward;
+
+  // qk-norm backward: the forward's inputs in buffers of their own; q, k above are dy.
+  std::vector<x_buffer> fwd;
+  tensor_view q_x, k_x;
+  tensor dq_weight(dtype::f32, {D}), dk_weight(dtype::f32, {D});
+  if (norm_backward) {
+    for (const auto& b : in) fwd.push_back(make_buffer(c, b.total_heads));
+    for (auto& b : fwd) fill_normal(b, c.x_type, rng);
+    q_x = head_view(c, fwd[0], 0, c.q_heads);
+    if (c.k_heads)
+      k_x = c.packed ? head_view(c, fwd[0], c.q_heads, c.k_heads)
+                     : head_view(c, fwd[1], 0, c.k_heads);
   }
 
   rope_tensors x;
@@ -313,25 +461,115 @@ case_result run_case(const rope_case& c) {
   }
   rope_options options;
   options.rotary_dim = c.rotary_dim;
-  options.backward = c.backward;
-  rope_apply(c.style, x, positions, angles, options);
+  options.output_layout = c.output_layout;
+  if (norm_backward) {
+    qk_norm_rope_grad_tensors g;
+    g.q = q_x;
+    g.dq_out = q;
+    g.dq_weight = dq_weight;
+    if (!c.inplace) g.dq = q_out;
+    if (c.k_heads) {
+      g.k = k_x;
+      g.dk_out = k;
+      g.dk_weight = dk_weight.view();
+      if (!c.inplace) g.dk = k_out;
+    }
+    qk_norm_rope_backward(c.style, g, positions, angles, norm, options);
+  } else if (c.qk_norm) {
+    qk_norm_rope_apply(c.style, x, positions, angles, norm, options);
+  } else {
+    options.backward = c.backward;
+    rope_apply(c.style, x, positions, angles, options);
+  }
 
   case_result r;
   const golden::tolerance tol = golden::tolerance_for(c.x_type);
   r.atol = c.atol.value_or(tol.atol);
   r.rtol = c.rtol.value_or(tol.rtol);
   r.pass = true;
-  const std::int64_t tokens = B * S;
   for (int which = 0; which < (c.k_heads ? 2 : 1); ++which) {
     const tensor_view& xin = which == 0 ? q : k;
     const tensor_view& xout = which == 0 ? q_out : k_out;
     const std::size_t in_buf = (which == 1 && !c.packed) ? 1 : 0;
     const std::vector<double> x0 = gather(c, xin, in[in_buf].data.data(), before[in_buf].data());
+    const std::int64_t heads = xin.shape[xin.rank - 2];
+    const double* w = c.qk_norm ? gw[which].data() : nullptr;
     std::vector<double> want(x0.size());
-    golden::rope(c.style, c.backward, tokens, xin.shape[xin.rank - 2], D, rotary, gcos.data(),
-                 gsin.data(), x0.data(), want.data());
+    std::vector<double> want_dw(static_cast<std::size_t>(D), 0.0);
+    std::vector<double> xf;  // qk-norm backward: the forward's input
+    if (norm_backward) {
+      const tensor_view& xv = which == 0 ? q_x : k_x;
+      xf = gather(c, xv, fwd[in_buf].data.data(), fwd[in_buf].data.data());
+    }
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const double* fc = full_cos.data() + t * rotary;
+      const double* fs = full_sin.data() + t * rotary;
+      // the forward of one row, fp64 (fp32_once: the exact result the kernel rounds once)
+      auto forward = [&](const double* xr, double* yr) {
+        if (!c.qk_norm) return golden::rotate_row(gvariant, D, rotary, fc, fs, xr, yr);
+        std::vector<double> h(static_cast<std::size_t>(D));
+        golden::rms_norm(1, D, xr, w, c.eps, h.data());
+        golden::rotate_row(gvariant, D, rotary, fc, fs, h.data(), yr);
+      };
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t at = (t * heads + h) * D;
+        const double* xr = x0.data() + at;
+        double* yr = want.data() + at;
+        if (norm_backward) {
+          // dx and dw by central differences of L = sum(g * forward(x)) in fp64
+          const double* xrow = xf.data() + at;
+          std::vector<double> y(static_cast<std::size_t>(D));
+          auto loss_x = [&](const double* xv) {
+            forward(xv, y.data());
+            double l = 0;
+            for (std::int64_t j = 0; j < D; ++j) l += xr[j] * y[j];
+            return l;
+          };
+          golden::finite_difference_gradient(D, loss_x, xrow, 1e-6, yr);
+          std::vector<double> hn(static_cast<std::size_t>(D)),
+              ones(static_cast<std::size_t>(D), 1.0);
+          golden::rms_norm(1, D, xrow, ones.data(), c.eps, hn.data());
+          auto loss_w = [&](const double* wv) {
+            std::vector<double> hw(static_cast<std::size_t>(D));
+            for (std::int64_t j = 0; j < D; ++j) hw[j] = hn[j] * wv[j];
+            golden::rotate_row(gvariant, D, rotary, fc, fs, hw.data(), y.data());
+            double l = 0;
+            for (std::int64_t j = 0; j < D; ++j) l += xr[j] * y[j];
+            return l;
+          };
+          std::vector<double> gw_row(static_cast<std::size_t>(D));
+          golden::finite_difference_gradient(D, loss_w, w, 1e-6, gw_row.data());
+          for (std::int64_t j = 0; j < D; ++j) want_dw[j] += gw_row[j];
+        } else if (c.qk_norm && c.norm_rounding == qk_norm_rounding::hf_qwen3) {
+          golden::qk_norm_rope_row_hf(c.x_type, D, rotary, c.eps, w, fc, fs, xr, yr);
+        } else if (c.backward) {
+          golden::linear_transpose(D, forward, xr, yr);
+        } else {
+          forward(xr, yr);
+        }
+      }
+    }
     const auto& ob = c.inplace ? in[in_buf] : out[in_buf];
     compare(gather(c, xout, ob.data.data(), ob.data.data()), want, r, which == 0 ? "q" : "k");
+    if (norm_backward) {
+      // dw sums over every row: compared per row (divided by their count) at fp32's tolerance
+      const tensor& dw = which == 0 ? dq_weight : dk_weight;
+      const double rows_n = static_cast<double>(std::max<std::int64_t>(1, tokens * heads));
+      std::vector<double> got(static_cast<std::size_t>(D));
+      for (std::int64_t j = 0; j < D; ++j) {
+        got[j] = load_as_f64(dw.data(), dtype::f32, static_cast<std::size_t>(j)) / rows_n;
+        want_dw[j] /= rows_n;
+      }
+      case_result wr;
+      const golden::tolerance t32 = golden::tolerance_for(dtype::f32);
+      wr.atol = t32.atol, wr.rtol = t32.rtol, wr.pass = true;
+      compare(got, want_dw, wr, which == 0 ? "dq_weight" : "dk_weight");
+      r.max_abs_err = std::max(r.max_abs_err, wr.max_abs_err);
+      if (!wr.pass) {
+        r.pass = false;
+        if (r.problem.empty()) r.problem = which == 0 ? "dq_weight differs" : "dk_weight differs";
+      }
+    }
   }
   // What must not change: the inputs when out of place, v of a packed buffer always.
   for (std::size_t i = 0; i < in.size() && !c.inplace; ++i) {
@@ -533,6 +771,174 @@ std::vector<rope_case> builtin_cases() {
     c.seed = seed++;
     cases.push_back(c);
   }
+  // Vision RoPE as the source material passes it: q, k [S, N, D] with cos, sin [S, D] rows
+  // per patch (full head_dim), and every other form of rows
+  for (dtype t : types) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const std::int64_t d = variant == 1 ? 80 : variant == 3 ? 64 : 128;
+      rope_case c =
+          make("vision-rows-" + std::string(to_string(t)) + "-v" + std::to_string(variant),
+               rope_style::neox, t, d, variant == 0 ? 31 : 13 + variant);
+      c.q_heads = c.k_heads = 16;
+      if (variant == 2) c.q_heads = c.k_heads = 4;
+      c.rows = variant == 3 ? std::string(to_string(t)) : "f32";
+      c.random_rows = variant >= 2;  // columns unrelated to each other
+      c.packed = variant == 1;
+      c.inplace = variant != 2;
+      c.backward = variant == 3 && t == dtype::f32;
+      c.max_pos = 4096;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  for (int variant = 0; variant < 8; ++variant) {
+    rope_case c = make("vision-rows-form-" + std::to_string(variant), rope_style::neox,
+                       variant % 2 ? dtype::bf16 : dtype::f32, 80, 11);
+    c.rows = "f32";
+    c.seed = seed++;
+    if (variant == 0) c.name += "-half-width", c.rows_half = true;
+    if (variant == 1) c.name += "-bf16-rows", c.rows = "bf16";
+    if (variant == 2) c.name += "-bshd-b3", c.layout = x_layout::bshd, c.batch = 3;
+    if (variant == 3) {
+      c.name += "-bhsd-shared";
+      c.layout = x_layout::bhsd, c.batch = 2, c.shared_positions = true;
+    }
+    if (variant == 4) c.name += "-backward-random", c.backward = true, c.random_rows = true;
+    if (variant == 5) c.name += "-partial-r48", c.rotary_dim = 48, c.random_rows = true;
+    if (variant == 6) c.name += "-2d-planes", c.vision_2d = true, c.max_pos = 64;
+    if (variant == 7) {
+      c.name += "-2d-planes-backward";
+      c.vision_2d = true, c.max_pos = 64, c.backward = true, c.rows = "f16";
+    }
+    cases.push_back(c);
+  }
+  // MRoPE with precomputed tables, planes [3, T, D] as the source material's [3, B, S, D]
+  for (const mrope_spec m : {mrope_spec{"qwen2vl", {16, 24, 24}, mrope_layout::chunked},
+                             mrope_spec{"qwen3vl", {24, 20, 20}, mrope_layout::interleaved}}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const dtype t = variant < 3 ? types[variant] : dtype::f32;
+      rope_case c = make(std::string("mrope-planes-") + m.name + "-" + std::string(to_string(t)),
+                         rope_style::neox, t, 128, 31);
+      c.mrope_section = m.section;
+      c.mrope = m.layout;
+      c.q_heads = 16;
+      c.k_heads = 2;
+      c.rows = variant == 2 ? "bf16" : "f32";
+      c.theta = 1e6;
+      c.inplace = variant != 1;
+      c.seed = seed++;
+      if (variant == 3) c.name += "-backward-random", c.backward = true, c.random_rows = true;
+      cases.push_back(c);
+    }
+  }
+  // Qwen3 QK RMSNorm + RoPE: q 16 heads, k 8, head_dim 128, eps 1e-6, theta 1e6
+  for (dtype t : types) {
+    for (std::int64_t seq : {1, 7, 32}) {
+      rope_case c = make("qknorm-" + std::string(to_string(t)) + "-s" + std::to_string(seq),
+                         rope_style::neox, t, 128, seq);
+      c.qk_norm = true;
+      c.q_heads = 16;
+      c.k_heads = 8;
+      c.theta = 1e6;
+      c.packed = seq == 7;
+      c.inplace = seq != 32;
+      c.table = seq == 1 ? "none" : "f32";
+      if (seq == 32) c.rows = std::string(to_string(t));  // cos, sin [S, D] as the source's
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  for (int variant = 0; variant < 5; ++variant) {
+    const dtype t = variant < 3 ? dtype::bf16 : variant == 3 ? dtype::f16 : dtype::f32;
+    const std::int64_t seq = variant == 0 ? 1 : variant == 1 ? 7 : 128;
+    rope_case c = make("qknorm-hf-" + std::string(to_string(t)) + "-s" + std::to_string(seq),
+                       rope_style::neox, t, 128, seq);
+    c.qk_norm = true;
+    c.norm_rounding = qk_norm_rounding::hf_qwen3;
+    c.q_heads = 16;
+    c.k_heads = 8;
+    c.theta = 1e6;
+    c.table = std::string(to_string(t));  // HF keeps cos and sin in the x dtype
+    c.packed = variant == 2;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  for (int variant = 0; variant < 10; ++variant) {
+    const dtype t = types[variant % 3];
+    rope_case c = make("qknorm-form-" + std::to_string(variant), rope_style::neox, t, 128, 9);
+    c.qk_norm = true;
+    c.seed = seed++;
+    if (variant == 0) c.name += "-gptj", c.style = rope_style::gptj;
+    if (variant == 1) {
+      c.name += "-gptj-split-half";
+      c.style = rope_style::gptj, c.output_layout = rope_output_layout::split_half;
+    }
+    if (variant == 2) c.name += "-partial-r64", c.rotary_dim = 64;
+    if (variant == 3) c.name += "-bshd-b2", c.layout = x_layout::bshd, c.batch = 2;
+    if (variant == 4) c.name += "-q-only", c.k_heads = 0;
+    if (variant >= 5) {
+      c.name += "-backward";
+      c.backward = true;
+      c.q_heads = 4;
+      c.k_heads = 2;
+      c.tokens = 5;
+      c.inplace = variant % 2 == 0;
+      if (variant == 8) c.name += "-partial-r64-packed", c.rotary_dim = 64, c.packed = true;
+      if (variant == 9)
+        c.name += "-gptj-split-half", c.style = rope_style::gptj,
+                                      c.output_layout = rope_output_layout::split_half;
+    }
+    cases.push_back(c);
+  }
+  {
+    rope_case c = make("qknorm-eps-0.1-d64", rope_style::neox, dtype::f32, 64, 6);
+    c.qk_norm = true;
+    c.eps = 0.1;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  // Interleaved RoPE: adjacent pairs in; split-half out (the NPU-compatible form, half-pair
+  // tables) and interleaved out (positional tables), x [B, N, S, 64] as the source material
+  for (auto out : {rope_output_layout::split_half, rope_output_layout::as_input}) {
+    const std::string o = out == rope_output_layout::split_half ? "split" : "inter";
+    for (dtype t : types) {
+      for (int variant = 0; variant < 3; ++variant) {
+        rope_case c = make(
+            "interleave-" + o + "-" + std::string(to_string(t)) + "-v" + std::to_string(variant),
+            rope_style::gptj, t, 64, 37);
+        c.output_layout = out;
+        c.layout = x_layout::bhsd;
+        c.batch = 1;
+        c.q_heads = 4;
+        c.k_heads = variant == 2 ? 0 : 4;
+        c.rows = variant == 0 ? std::string(to_string(t)) : "f32";
+        c.random_rows = variant == 0;  // tables clamped to [-1, 1] as the source material's
+        c.inplace = variant != 1;
+        c.table = variant == 2 ? "none" : "f32";
+        if (variant == 2) c.rows.clear();
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+    }
+  }
+  for (int variant = 0; variant < 8; ++variant) {
+    rope_case c = make("interleave-split-form-" + std::to_string(variant), rope_style::gptj,
+                       types[variant % 3], 64, 13);
+    c.output_layout = rope_output_layout::split_half;
+    c.seed = seed++;
+    if (variant < 3) c.name += "-backward", c.backward = true, c.inplace = variant != 1;
+    if (variant == 3)
+      c.name += "-backward-random-rows", c.backward = true, c.rows = "f32", c.random_rows = true;
+    if (variant == 4) c.name += "-partial-d80-r48", c.head_dim = 80, c.rotary_dim = 48;
+    if (variant == 5)
+      c.name += "-packed-32x8-d128", c.head_dim = 128, c.q_heads = 32, c.k_heads = 8,
+                                     c.packed = true;
+    if (variant == 6)
+      c.name += "-b4-n128-s2", c.layout = x_layout::bhsd, c.batch = 4, c.q_heads = 128,
+                               c.k_heads = 0, c.tokens = 2;
+    if (variant == 7) c.name += "-d6", c.head_dim = 6;
+    cases.push_back(c);
+  }
   rope_case empty = make("neox-empty-t0", rope_style::neox, dtype::f32, 64, 0);
   cases.push_back(empty);
   return cases;
@@ -622,6 +1028,20 @@ rope_case case_from_json(const nlohmann::json& j) {
       c.mrope = mrope_layout_from_string(v.get<std::string>());
     else if (key == "vision_2d")
       c.vision_2d = v.get<bool>();
+    else if (key == "output_layout")
+      c.output_layout = rope_output_layout_from_string(v.get<std::string>());
+    else if (key == "rows")
+      c.rows = v.get<std::string>();
+    else if (key == "rows_half")
+      c.rows_half = v.get<bool>();
+    else if (key == "random_rows")
+      c.random_rows = v.get<bool>();
+    else if (key == "qk_norm")
+      c.qk_norm = v.get<bool>();
+    else if (key == "eps")
+      c.eps = v.get<double>();
+    else if (key == "norm_rounding")
+      c.norm_rounding = qk_norm_rounding_from_string(v.get<std::string>());
     else
       return false;
     return true;

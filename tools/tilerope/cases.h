@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tilerope/qk_norm_rope.h"
 #include "tilerope/rope.h"
 
 namespace tilerope::cli {
@@ -47,6 +48,19 @@ struct rope_case {
   mrope_layout mrope = mrope_layout::chunked;
   // Qwen2-VL vision: positions [2, T] (row, column), head_dim/4 frequencies per axis
   bool vision_2d = false;
+  // where the rotated pairs are written (gptj + split_half: the NPU-compatible interleave)
+  rope_output_layout output_layout = rope_output_layout::as_input;
+  // angles as one row per token (rope_angles::from_token_rows) of this dtype instead of a
+  // table: "" (no), "f32", "f16", "bf16"; full rows (rotary_dim wide) unless rows_half; with
+  // mrope_section, planes [3, T, w]; random_rows fills them with uniform [-1, 1] values
+  // instead of true angles (the formula is then checked with unrelated cos and sin columns)
+  std::string rows;
+  bool rows_half = false;
+  bool random_rows = false;
+  // Qwen3 QK RMSNorm before the rotation, weights [D] of the x dtype drawn around 1
+  bool qk_norm = false;
+  double eps = 1e-6;
+  qk_norm_rounding norm_rounding = qk_norm_rounding::fp32_once;
 };
 
 struct case_result {
