@@ -16,6 +16,7 @@
 #include "cases.h"
 #include "cpu/rope_plan.h"
 #include "tilerope/error.h"
+#include "tilerope/qk_norm_rope.h"
 #include "tilerope/runtime.h"
 
 namespace {
@@ -197,6 +198,145 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
       EXPECT_EQ(std::memcmp(k.get(), ko.get(), kn * es), 0)
           << to_string(style) << " " << to_string(t);
     }
+  }
+}
+
+// Every variant that is a rotation: backward(forward(x)) = x, with per-token rows (neox,
+// gptj, split-half output, MRoPE planes) and in place and out of place alike.
+TEST(Kernels, VariantsBackwardInvertsForward) {
+  const std::int64_t T = 29, H = 3, D = 96, half = D / 2;
+  struct variant {
+    rope_style style;
+    rope_output_layout out;
+    bool planes;
+  };
+  for (const variant v : {variant{rope_style::neox, rope_output_layout::as_input, false},
+                          variant{rope_style::gptj, rope_output_layout::as_input, false},
+                          variant{rope_style::gptj, rope_output_layout::split_half, false},
+                          variant{rope_style::neox, rope_output_layout::as_input, true}}) {
+    for (bool inplace : {false, true}) {
+      // true angles, as rows: neox / split-half cat(c, c), gptj repeat_interleave(c, 2)
+      const std::int64_t A = v.planes ? 3 : 1;
+      std::vector<float> cos(A * T * D), sin(cos.size());
+      for (std::int64_t a = 0; a < A; ++a) {
+        for (std::int64_t t = 0; t < T; ++t) {
+          for (std::int64_t j = 0; j < D; ++j) {
+            const bool adjacent =
+                v.style == rope_style::gptj && v.out == rope_output_layout::as_input;
+            const std::int64_t i = adjacent ? j / 2 : j % half;
+            const double angle =
+                static_cast<double>(7 * t + 1000 * a) * std::pow(1e4, -2.0 * i / D);
+            cos[(a * T + t) * D + j] = static_cast<float>(std::cos(angle));
+            sin[(a * T + t) * D + j] = static_cast<float>(std::sin(angle));
+          }
+        }
+      }
+      const auto shape =
+          v.planes ? std::vector<std::int64_t>{3, T, D} : std::vector<std::int64_t>{T, D};
+      const auto angles = rope_angles::from_token_rows(
+          tensor_view::contiguous(cos.data(), dtype::f32, shape),
+          tensor_view::contiguous(sin.data(), dtype::f32, shape),
+          v.planes ? mrope_axis_map({16, 16, 16}, mrope_layout::interleaved) : std::vector<int>{});
+      std::vector<float> x(T * H * D), y(x.size()), z(x.size());
+      std::mt19937 rng(21);
+      std::uniform_real_distribution<float> u(-4, 4);
+      for (auto& e : x) e = u(rng);
+      rope_options fwd_options, back;
+      fwd_options.output_layout = back.output_layout = v.out;
+      back.backward = true;
+      rope_tensors fwd;
+      fwd.q = tensor_view::contiguous(x.data(), dtype::f32, {T, H, D});
+      fwd.q_out = tensor_view::contiguous(y.data(), dtype::f32, {T, H, D});
+      rope_apply(v.style, fwd, angles, fwd_options);
+      rope_tensors bwd;
+      bwd.q = *fwd.q_out;
+      if (inplace) {
+        rope_apply(v.style, bwd, angles, back);
+        z = y;
+      } else {
+        bwd.q_out = tensor_view::contiguous(z.data(), dtype::f32, {T, H, D});
+        rope_apply(v.style, bwd, angles, back);
+      }
+      double worst = 0;
+      for (std::size_t i = 0; i < x.size(); ++i)
+        worst = std::max(worst, double(std::fabs(z[i] - x[i])));
+      EXPECT_LT(worst, 1e-5) << to_string(v.style) << " " << to_string(v.out) << " planes "
+                             << v.planes << " inplace " << inplace;
+    }
+  }
+}
+
+// The split-half output in place (each row read whole before it is written) equals the
+// out-of-place result bit for bit, for every dtype and a head_dim with a vector tail.
+TEST(Kernels, SplitHalfInPlaceEqualsOutOfPlace) {
+  const std::int64_t T = 17, H = 5;
+  for (std::int64_t D : {64, 80, 6}) {
+    for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      tensor x(t, {T, H, D}), y(t, {T, H, D});
+      std::mt19937 rng(31);
+      std::normal_distribution<double> normal;
+      for (std::int64_t i = 0; i < x.numel(); ++i) store_from_f64(x.data(), t, i, normal(rng));
+      rope_options o;
+      o.output_layout = rope_output_layout::split_half;
+      rope_tensors out;
+      out.q = x;
+      out.q_out = y.view();
+      rope_apply(rope_style::gptj, out, rope_positions::from_offset(11),
+                 rope_angles::from_theta(1e4), o);
+      rope_tensors in;
+      in.q = x;
+      rope_apply(rope_style::gptj, in, rope_positions::from_offset(11),
+                 rope_angles::from_theta(1e4), o);
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.bytes()), 0) << D << " " << to_string(t);
+    }
+  }
+}
+
+// QK RMSNorm + RoPE: 1 and 2 threads give identical outputs; the weight gradients agree to
+// fp64 summation order.
+TEST(Kernels, QkNormThreadsAgree) {
+  const std::int64_t T = 300, Hq = 16, Hk = 8, D = 128;
+  tensor q(dtype::bf16, {T, Hq, D}), k(dtype::bf16, {T, Hk, D}), w(dtype::bf16, {D});
+  std::mt19937 rng(41);
+  std::normal_distribution<double> normal;
+  for (tensor* t : {&q, &k, &w}) {
+    for (std::int64_t i = 0; i < t->numel(); ++i)
+      store_from_f64(t->data(), dtype::bf16, i, normal(rng));
+  }
+  qk_norm norm;
+  norm.q_weight = w;
+  norm.k_weight = w.view();
+  const int before = num_threads();
+  std::vector<std::vector<unsigned char>> outs;
+  std::vector<std::vector<float>> grads;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    tensor qo(dtype::bf16, {T, Hq, D}), ko(dtype::bf16, {T, Hk, D});
+    rope_tensors x;
+    x.q = q;
+    x.k = k.view();
+    x.q_out = qo.view();
+    x.k_out = ko.view();
+    qk_norm_rope_apply(rope_style::neox, x, rope_positions::from_offset(0),
+                       rope_angles::from_theta(1e6), norm);
+    const auto* p = static_cast<const unsigned char*>(qo.data());
+    outs.emplace_back(p, p + qo.bytes());
+    std::vector<float> dqw(D), dkw(D);
+    qk_norm_rope_grad_tensors g;
+    g.q = q;
+    g.k = k.view();
+    g.dq_out = qo;  // any gradient will do
+    g.dk_out = ko.view();
+    g.dq_weight = tensor_view::contiguous(dqw.data(), dtype::f32, {D});
+    g.dk_weight = tensor_view::contiguous(dkw.data(), dtype::f32, {D});
+    qk_norm_rope_backward(rope_style::neox, g, rope_positions::from_offset(0),
+                          rope_angles::from_theta(1e6), norm);
+    grads.push_back(dqw);
+  }
+  set_num_threads(before);
+  EXPECT_EQ(outs[0], outs[1]);
+  for (std::int64_t j = 0; j < D; ++j) {
+    EXPECT_NEAR(grads[0][j], grads[1][j], 1e-5 * (1 + std::fabs(grads[0][j]))) << j;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tilerope/error.h"
+#include "tilerope/qk_norm_rope.h"
 #include "tilerope/rope.h"
 
 namespace {
@@ -30,6 +31,16 @@ struct fixture {
   rope_angles angles;
   rope_options options;
   rope_style style = rope_style::neox;
+  // qk-norm: weights [D]; the backward's output gradients are q / k, written to q_out / k_out
+  enum class call { rope, qk_norm, qk_norm_backward } mode = call::rope;
+  std::vector<float> q_w = std::vector<float>(D, 1.0f);
+  std::vector<float> k_w = std::vector<float>(D, 1.0f);
+  std::vector<float> q_fwd = std::vector<float>(T * Hq * D, 0.5f);
+  std::vector<float> k_fwd = std::vector<float>(T * Hk * D, 0.5f);
+  std::vector<float> dq_w = std::vector<float>(D, -7.0f);
+  std::vector<float> dk_w = std::vector<float>(D, -7.0f);
+  qk_norm norm;
+  qk_norm_rope_grad_tensors grads;
 
   fixture() {
     x.q = tensor_view::contiguous(q.data(), dtype::f32, {T, Hq, D});
@@ -38,9 +49,30 @@ struct fixture {
     x.k_out = tensor_view::contiguous(k_out.data(), dtype::f32, {T, Hk, D});
     positions = rope_positions::from_ids(tensor_view::contiguous(pos.data(), dtype::i64, {T}));
     angles = rope_angles::from_table(table.cos, table.sin);
+    norm.q_weight = tensor_view::contiguous(q_w.data(), dtype::f32, {D});
+    norm.k_weight = tensor_view::contiguous(k_w.data(), dtype::f32, {D});
+    grads.q = tensor_view::contiguous(q_fwd.data(), dtype::f32, {T, Hq, D});
+    grads.k = tensor_view::contiguous(k_fwd.data(), dtype::f32, {T, Hk, D});
+    grads.dq_out = x.q;
+    grads.dk_out = x.k;
+    grads.dq = x.q_out;
+    grads.dk = x.k_out;
+    grads.dq_weight = tensor_view::contiguous(dq_w.data(), dtype::f32, {D});
+    grads.dk_weight = tensor_view::contiguous(dk_w.data(), dtype::f32, {D});
   }
-  void run() { rope_apply(style, x, positions, angles, options); }
+  void run() {
+    if (mode == call::qk_norm)
+      return qk_norm_rope_apply(style, x, positions, angles, norm, options);
+    if (mode == call::qk_norm_backward) {
+      return qk_norm_rope_backward(style, grads, positions, angles, norm, options);
+    }
+    rope_apply(style, x, positions, angles, options);
+  }
   bool outputs_untouched() const {
+    for (float v : dq_w)
+      if (v != -7.0f) return false;
+    for (float v : dk_w)
+      if (v != -7.0f) return false;
     for (float v : q_out)
       if (v != -7.0f) return false;
     for (float v : k_out)
@@ -313,6 +345,189 @@ TEST(Vision2d, FrequenciesAndErrors) {
   } catch (const error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim (6)"), std::string::npos);
   }
+}
+
+}  // namespace
+
+namespace {
+
+using namespace tilerope;
+
+// Rows per token, [T, D] f32 (full width), for the fixture's q [5, 4, 64].
+struct rows_fixture {
+  std::vector<float> cos = std::vector<float>(fixture::T * fixture::D, 0.5f);
+  std::vector<float> sin = std::vector<float>(fixture::T * fixture::D, 0.5f);
+  tensor_view c(std::initializer_list<std::int64_t> shape) {
+    return tensor_view::contiguous(cos.data(), dtype::f32, shape);
+  }
+  tensor_view s(std::initializer_list<std::int64_t> shape) {
+    return tensor_view::contiguous(sin.data(), dtype::f32, shape);
+  }
+};
+
+TEST(Validation, TokenRows) {
+  rows_fixture r;
+  const std::int64_t T = fixture::T, D = fixture::D;
+  auto use_rows = [&](fixture& f, tensor_view c, tensor_view s, std::vector<int> map = {}) {
+    f.angles = rope_angles::from_token_rows(c, s, std::move(map));
+    f.positions = rope_positions::none();
+  };
+  {
+    fixture f;  // valid: full rows and half rows
+    use_rows(f, r.c({T, D}), r.s({T, D}));
+    f.run();
+    EXPECT_FALSE(f.outputs_untouched());
+    fixture h;
+    use_rows(h, r.c({T, D / 2}), r.s({T, D / 2}));
+    h.run();
+  }
+  expect_rejected(
+      [&](fixture& f) {
+        f.angles = rope_angles::from_token_rows(r.c({T, D}), r.s({T, D}));
+      },
+      {"from_token_rows", "rope_positions::none()"});
+  expect_rejected([&](fixture& f) { f.positions = rope_positions::none(); },
+                  {"rope_positions::none() needs angles from_token_rows"});
+  expect_rejected(
+      [&](fixture& f) {
+        use_rows(f, r.c({T - 1, D}), r.s({T - 1, D}));
+      },
+      {"cos rows [4, 64]", "T = 5", "rotary_dim (64)", "q [5, 4, 64]"});
+  expect_rejected(
+      [&](fixture& f) {
+        use_rows(f, r.c({T, D - 2}), r.s({T, D - 2}));
+      },
+      {"cos rows [5, 62]", "rotary_dim/2 (32)"});
+  expect_rejected(
+      [&](fixture& f) {
+        use_rows(f, r.c({1, T, D}), r.s({1, T, D}));
+      },
+      {"cos rows [1, 5, 64]"});
+  expect_rejected(
+      [&](fixture& f) {
+        use_rows(f, r.c({T, D}), r.s({T, D}));
+        f.angles.sin.type = dtype::f16;
+      },
+      {"sin rows [5, 64] f16", "must match cos rows [5, 64] f32"});
+  expect_rejected(
+      [&](fixture& f) {
+        use_rows(f, r.c({T, D}), r.s({T, D}));
+        f.angles.cos.type = dtype::i32;
+      },
+      {"cos rows dtype (i32)"});
+  expect_rejected(
+      [&](fixture& f) {
+        use_rows(f, r.c({T, D}), r.s({T, D}));
+        f.angles.cos.data = nullptr;
+        f.angles.sin.data = nullptr;
+      },
+      {"cos has null data"});
+  // planes [A, T, w] with a frequency map
+  std::vector<float> planes(3 * T * D, 0.25f);
+  auto p3 = [&] { return tensor_view::contiguous(planes.data(), dtype::f32, {3, T, D}); };
+  {
+    fixture f;
+    use_rows(f, p3(), p3(), mrope_axis_map({8, 12, 12}, mrope_layout::chunked));
+    f.run();
+  }
+  expect_rejected([&](fixture& f) { use_rows(f, p3(), p3(), std::vector<int>(32, 3)); },
+                  {"axis_of_frequency[0] (3)", "[0, 3)"});
+  expect_rejected([&](fixture& f) { use_rows(f, p3(), p3(), std::vector<int>(31, 0)); },
+                  {"axis_of_frequency has 31 entries", "rotary_dim/2 (32)"});
+  // rows must not overlap an output
+  expect_rejected(
+      [&](fixture& f) {
+        use_rows(f, tensor_view::contiguous(f.q_out.data(), dtype::f32, {T, D}), r.s({T, D}));
+      },
+      {"q_out [5, 4, 64] overlaps cos [5, 64]"});
+}
+
+TEST(Validation, OutputLayoutAndScaling) {
+  expect_rejected([](fixture& f) { f.options.output_layout = static_cast<rope_output_layout>(5); },
+                  {"output_layout (5)"});
+  EXPECT_EQ(rope_output_layout_from_string("split-half"), rope_output_layout::split_half);
+  EXPECT_EQ(rope_output_layout_from_string("interleaved"), rope_output_layout::as_input);
+  EXPECT_THROW(rope_output_layout_from_string("diagonal"), error);
+  EXPECT_THROW(rope_angles::from_frequencies({{1.0, 0.5}, -1.0}), error);
+  expect_rejected(
+      [](fixture& f) {
+        f.angles = rope_angles::from_theta(10000.0);
+        f.angles.attention_scaling = std::nan("");
+      },
+      {"attention_scaling (nan)"});
+}
+
+TEST(Validation, QkNorm) {
+  using call = fixture::call;
+  {
+    fixture f;
+    f.mode = call::qk_norm;
+    f.run();
+    EXPECT_FALSE(f.outputs_untouched());
+  }
+  auto qk = [](std::function<void(fixture&)> also) {
+    return [also](fixture& f) {
+      f.mode = call::qk_norm;
+      also(f);
+    };
+  };
+  expect_rejected(qk([](fixture& f) { f.norm.q_weight.shape[0] = 32; }),
+                  {"q_weight shape [32]", "[head_dim] = [64]"});
+  expect_rejected(qk([](fixture& f) { f.norm.k_weight.reset(); }),
+                  {"k_weight is required when k is given"});
+  expect_rejected(qk([](fixture& f) {
+                    f.x.k.reset();
+                    f.x.k_out.reset();
+                  }),
+                  {"k_weight is given but k is not"});
+  expect_rejected(qk([](fixture& f) { f.norm.eps = -1e-6; }), {"eps (-0.000001)", ">= 0"});
+  expect_rejected(qk([](fixture& f) { f.norm.eps = std::nan(""); }), {"eps (nan)"});
+  expect_rejected(qk([](fixture& f) { f.norm.k_weight->type = dtype::i64; }),
+                  {"k_weight dtype (i64)"});
+  expect_rejected(qk([](fixture& f) {
+                    f.norm.rounding = qk_norm_rounding::hf_qwen3;
+                    f.style = rope_style::gptj;
+                  }),
+                  {"hf_qwen3", "style neox"});
+  expect_rejected(qk([](fixture& f) { f.options.backward = true; }), {"qk_norm_rope_backward"});
+  expect_rejected(qk([](fixture& f) {
+                    f.norm.q_weight = tensor_view::contiguous(f.q_out.data(), dtype::f32, {64});
+                  }),
+                  {"q_out [5, 4, 64] overlaps q_weight [64]"});
+  EXPECT_EQ(qk_norm_rounding_from_string("hf_qwen3"), qk_norm_rounding::hf_qwen3);
+  EXPECT_THROW(qk_norm_rounding_from_string("bf16"), error);
+}
+
+TEST(Validation, QkNormBackward) {
+  using call = fixture::call;
+  {
+    fixture f;
+    f.mode = call::qk_norm_backward;
+    f.run();
+    EXPECT_FALSE(f.outputs_untouched());
+  }
+  auto back = [](std::function<void(fixture&)> also) {
+    return [also](fixture& f) {
+      f.mode = call::qk_norm_backward;
+      also(f);
+    };
+  };
+  expect_rejected(back([](fixture& f) { f.grads.dq_weight.type = dtype::f16; }),
+                  {"dq_weight [64] f16", "f32"});
+  expect_rejected(back([](fixture& f) { f.grads.dk_weight.reset(); }),
+                  {"k, dk_out and dk_weight go together", "dk_weight absent"});
+  expect_rejected(back([](fixture& f) { f.grads.q.shape[1] = 3; }),
+                  {"q shape [5, 3, 64] must equal dq_out shape [5, 4, 64]"});
+  expect_rejected(back([](fixture& f) { f.norm.rounding = qk_norm_rounding::hf_qwen3; }),
+                  {"fp32_once", "hf_qwen3"});
+  expect_rejected(back([](fixture& f) { f.options.backward = true; }),
+                  {"options.backward must be false"});
+  expect_rejected(back([](fixture& f) {
+                    f.grads.dq_weight = tensor_view::contiguous(f.q_fwd.data(), dtype::f32, {64});
+                  }),
+                  {"dq_weight [64] overlaps q [5, 4, 64]"});
+  expect_rejected(back([](fixture& f) { f.grads.dq = f.grads.q; }),
+                  {"dq [5, 4, 64] overlaps q [5, 4, 64]"});
 }
 
 }  // namespace
