@@ -9,6 +9,7 @@
 #include "cases.h"
 #include "golden/golden.h"
 #include "tilerope/error.h"
+#include "tilerope/qk_norm_rope.h"
 #include "tilerope/rope.h"
 
 namespace tilerope::cli {
@@ -232,6 +233,27 @@ ref_result run_ref_case(const ref_case& c) {
         golden::rope_full(B * H * S, D, x.data(), cr, sr, want.data());
         check(*out, want);
       }
+      // production: q and k in one call, BHSD views, the [3, B, S, D] planes as given
+      tensor qp(t, {B, N, S, D}), kp(t, {B, K, S, D});
+      rope_tensors xt;
+      xt.q = tensor_view(q.data(), t, {B, S, N, D}, {N * S * D, D, S * D, 1});
+      xt.k = tensor_view(k.data(), t, {B, S, K, D}, {K * S * D, D, S * D, 1});
+      xt.q_out = tensor_view(qp.data(), t, {B, S, N, D}, {N * S * D, D, S * D, 1});
+      xt.k_out = tensor_view(kp.data(), t, {B, S, K, D}, {K * S * D, D, S * D, 1});
+      rope_apply(
+          rope_style::neox, xt,
+          rope_angles::from_token_rows(cos, sin, mrope_axis_map(c.section, mrope_layout::chunked)));
+      for (auto [in, prod, H] : {std::tuple{&q, &qp, N}, std::tuple{&k, &kp, K}}) {
+        const auto x = to_f64(*in);
+        std::vector<const double*> cr, sr;
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t h = 0; h < H; ++h)
+            for (std::int64_t s = 0; s < S; ++s)
+              cr.push_back(ct.data() + (b * S + s) * D), sr.push_back(st.data() + (b * S + s) * D);
+        std::vector<double> want(x.size());
+        golden::rope_full(B * H * S, D, x.data(), cr, sr, want.data());
+        check_prod(*prod, want);
+      }
       break;
     }
     case ref_kernel::qk_norm_rope: {
@@ -251,6 +273,17 @@ ref_result run_ref_case(const ref_case& c) {
           cr.push_back(cv.data() + s * D), sr.push_back(sv.data() + s * D);
       golden::rope_full(S * N, D, h.data(), cr, sr, want.data());
       check(out, want);
+      // production: the fused kernel with the same [S, D] rows
+      tensor prod(t, {S, N, D});
+      rope_tensors xt;
+      xt.q = x;
+      xt.q_out = prod.view();
+      qk_norm norm;
+      norm.q_weight = w;
+      norm.eps = c.eps;
+      qk_norm_rope_apply(rope_style::neox, xt, rope_positions::none(),
+                         rope_angles::from_token_rows(cos, sin), norm);
+      check_prod(prod, want);
       break;
     }
     case ref_kernel::interleave: {
@@ -271,9 +304,24 @@ ref_result run_ref_case(const ref_case& c) {
             sr.push_back(sv.data() + row * D);
           }
       std::vector<double> want(xv.size());
-      golden::interleave_rope(B * N * S, D, c.output == reference::interleave_output::split_half,
-                              xv.data(), cr, sr, want.data());
+      const bool split = c.output == reference::interleave_output::split_half;
+      golden::interleave_rope(B * N * S, D, split, xv.data(), cr, sr, want.data());
       check(out, want);
+      // production: x [B, N, S, D] as BHSD, the tables as rows [B, S, D] (stride 0 over S for
+      // a single row)
+      tensor prod(t, {B, N, S, D});
+      rope_tensors xt;
+      xt.q = tensor_view(x.data(), t, {B, S, N, D}, {N * S * D, D, S * D, 1});
+      xt.q_out = tensor_view(prod.data(), t, {B, S, N, D}, {N * S * D, D, S * D, 1});
+      const std::int64_t row_stride = c.table_seq1 ? 0 : D;
+      rope_options o;
+      o.output_layout = split ? rope_output_layout::split_half : rope_output_layout::as_input;
+      rope_apply(rope_style::gptj, xt,
+                 rope_angles::from_token_rows(
+                     tensor_view(cos.data(), t, {B, S, D}, {TS * D, row_stride, 1}),
+                     tensor_view(sin.data(), t, {B, S, D}, {TS * D, row_stride, 1})),
+                 o);
+      check_prod(prod, want);
       break;
     }
   }
