@@ -64,4 +64,17 @@ rope_table make_rope_table(std::int64_t max_pos, int rotary_dim, double theta,
 rope_table make_rope_table(std::int64_t max_pos, const std::vector<double>& inv_freq,
                            dtype table_type = dtype::f32);
 
+/// Tables for a scaled RoPE variant (rope_config::frequencies() gives `f`): [max_pos, n] with
+/// n = f.inv_freq.size(),
+///
+///     cos_table[p][i] = cos(p * inv_freq[i]) * attention_scaling
+///     sin_table[p][i] = sin(p * inv_freq[i]) * attention_scaling
+///
+/// computed in fp64 and rounded once to `table_type` (f32, f16 or bf16), so rope_apply with
+/// these tables gives HF's x * cos * s + rotate(x) * sin * s. Throws tilerope::error for
+/// max_pos < 0, an empty inv_freq, a non-finite inv_freq entry, an attention_scaling that is
+/// not finite and > 0, or an integer table type.
+rope_table make_rope_table(std::int64_t max_pos, const rope_frequencies& f,
+                           dtype table_type = dtype::f32);
+
 }  // namespace tilerope

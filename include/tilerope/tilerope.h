@@ -6,5 +6,6 @@
 #include "tilerope/error.h"
 #include "tilerope/freqs.h"
 #include "tilerope/rope.h"
+#include "tilerope/rope_config.h"
 #include "tilerope/runtime.h"
 #include "tilerope/tensor.h"

@@ -1,6 +1,8 @@
 #include "tilerope/freqs.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "tilerope/error.h"
@@ -31,6 +33,16 @@ void check_table_type(dtype t) {
   if (!is_floating(t)) {
     throw error("table dtype (" + std::string(to_string(t)) + ") must be f32, f16 or bf16");
   }
+}
+
+// The shortest decimal that reads back as `v` ("0", "1.25", "nan").
+std::string shortest(double v) {
+  char buf[40];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (!std::isfinite(v) || std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
 }
 
 void check_max_pos(std::int64_t max_pos) {
@@ -108,6 +120,29 @@ rope_table make_rope_table(std::int64_t max_pos, const std::vector<double>& inv_
                       const double a =
                           static_cast<double>(p) * inv_freq[static_cast<std::size_t>(i)];
                       return std::pair<double, double>{std::cos(a), std::sin(a)};
+                    });
+}
+
+rope_table make_rope_table(std::int64_t max_pos, const rope_frequencies& f, dtype table_type) {
+  check_table_type(table_type);
+  check_max_pos(max_pos);
+  if (f.inv_freq.empty()) throw error("inv_freq must not be empty");
+  for (std::size_t i = 0; i < f.inv_freq.size(); ++i) {
+    if (!std::isfinite(f.inv_freq[i])) {
+      throw error("inv_freq[" + std::to_string(i) + "] (" + shortest(f.inv_freq[i]) +
+                  ") must be finite");
+    }
+  }
+  const double s = f.attention_scaling;
+  if (!std::isfinite(s) || !(s > 0)) {
+    throw error("attention_scaling (" + shortest(s) + ") must be finite and > 0");
+  }
+  return fill_table(max_pos, static_cast<std::int64_t>(f.inv_freq.size()), table_type,
+                    [&](std::int64_t p, std::int64_t i) {
+                      const double a =
+                          static_cast<double>(p) * f.inv_freq[static_cast<std::size_t>(i)];
+                      // Scaled in fp64, then rounded once by the store.
+                      return std::pair<double, double>{std::cos(a) * s, std::sin(a) * s};
                     });
 }
 

@@ -1,4 +1,4 @@
-// tilerope: the command-line program. Subcommands: check, apply, run, bench, info.
+// tilerope: the command-line program. Subcommands: check, apply, freqs, run, bench, info.
 // Every error prints "tilerope: error: <message>" and exits 2.
 
 #include <CLI/CLI.hpp>
@@ -9,6 +9,7 @@
 #include "apply.h"
 #include "bench.h"
 #include "check.h"
+#include "freqs.h"
 #include "run.h"
 #include "tilerope/error.h"
 #include "tilerope/runtime.h"
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   tilerope::cli::add_check_command(app, exit_code);
   tilerope::cli::add_apply_command(app);
+  tilerope::cli::add_freqs_command(app);
   tilerope::cli::add_run_command(app, exit_code);
   add_bench_command(app);
   add_info_command(app);
