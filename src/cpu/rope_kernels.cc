@@ -240,17 +240,14 @@ HWY_INLINE void store_pair(df32 d, vf32 a, vf32 b, typename IO::storage* y, std:
   }
 }
 
-// One vector of pairs, read from x as `In` lays them out and written to y as `Out` does.
+// One vector of pairs rotated: (xa, xb) -> (xa ca - xb sa, xb cb + xa sb) at frequency i.
 // RoundEach rounds each product to the output dtype before the sum, as PyTorch evaluates
 // x * cos + rotate_half(x) * sin in a 16-bit dtype.
-template <class In, class Out, pairs PIn, pairs POut, bool RoundEach>
-HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out::storage* y,
-                            std::int64_t i, std::int64_t half, const token_angles& a) {
-  vf32 xa, xb;
-  load_pair<In, PIn>(d, x, i, half, xa, xb);
+template <class Out, bool RoundEach>
+HWY_INLINE void rotate_vectors(df32 d, vf32 xa, vf32 xb, std::int64_t i, const token_angles& a,
+                               vf32& ya, vf32& yb) {
   const vf32 ca = hn::LoadU(d, a.ca + i), sa = hn::LoadU(d, a.sa + i);
   const vf32 cb = hn::LoadU(d, a.cb + i), sb = hn::LoadU(d, a.sb + i);
-  vf32 ya, yb;
   if constexpr (RoundEach) {
     ya = hn::Sub(Out::round(d, hn::Mul(xa, ca)), Out::round(d, hn::Mul(xb, sa)));
     yb = hn::Add(Out::round(d, hn::Mul(xb, cb)), Out::round(d, hn::Mul(xa, sb)));
@@ -258,37 +255,59 @@ HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out:
     ya = hn::MulSub(xa, ca, hn::Mul(xb, sa));
     yb = hn::MulAdd(xb, cb, hn::Mul(xa, sb));
   }
+}
+
+// One vector of pairs, read from x as `In` lays them out and written to y as `Out` does.
+template <class In, class Out, pairs PIn, pairs POut, bool RoundEach>
+HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out::storage* y,
+                            std::int64_t i, std::int64_t half, const token_angles& a) {
+  vf32 xa, xb, ya, yb;
+  load_pair<In, PIn>(d, x, i, half, xa, xb);
+  rotate_vectors<Out, RoundEach>(d, xa, xb, i, a, ya, yb);
   store_pair<Out, POut>(d, ya, yb, y, i, half);
 }
 
-// The r/2 pairs of one row. A last partial vector goes through zero-padded copies (laid out
-// as halves of a full vector each): nothing is read or written past the row.
+// The r/2 pairs of one row, whole vectors. When r/2 is not a multiple of the vector, the last
+// vector is the one ending at r/2, overlapping the one before it: it is loaded and computed
+// before any store (so in place reads only original values) and stored last, with plain
+// stores (it is not aligned); overlapped pairs get the same value twice. Rows shorter than one
+// vector go through zero-padded copies: nothing is read or written past the row.
 template <class In, class Out, pairs PIn, pairs POut, bool RoundEach = false>
 void rotate_row(df32 d, const typename In::storage* x, typename Out::storage* y,
                 const token_angles& a, std::int64_t half) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  std::int64_t i = 0;
-  for (; i + n <= half; i += n) rotate_step<In, Out, PIn, POut, RoundEach>(d, x, y, i, half, a);
-  if (i == half) return;
-  const std::int64_t rest = half - i;
+  if (half >= n) {
+    const std::int64_t last = half - n;
+    const bool overlap = half % n != 0;
+    vf32 ta = hn::Zero(d), tb = hn::Zero(d);
+    if (overlap) {
+      vf32 xa, xb;
+      load_pair<In, PIn>(d, x, last, half, xa, xb);
+      rotate_vectors<Out, RoundEach>(d, xa, xb, last, a, ta, tb);
+    }
+    std::int64_t i = 0;
+    for (; i + n <= half; i += n) rotate_step<In, Out, PIn, POut, RoundEach>(d, x, y, i, half, a);
+    if (overlap) store_pair<typename Out::plain, POut>(d, ta, tb, y, last, half);
+    return;
+  }
   typename In::storage xt[2 * max_f32_lanes] = {};
   typename Out::storage yt[2 * max_f32_lanes];
   float at[4][max_f32_lanes] = {};
   auto first = [&](pairs p, std::int64_t k) { return p == pairs::halves ? k : 2 * k; };
   auto second = [&](pairs p, std::int64_t k) { return p == pairs::halves ? half + k : 2 * k + 1; };
-  for (std::int64_t j = 0; j < rest; ++j) {
-    xt[j] = x[first(PIn, i + j)];
-    xt[n + j] = x[second(PIn, i + j)];
-    at[0][j] = a.ca[i + j];
-    at[1][j] = a.sa[i + j];
-    at[2][j] = a.cb[i + j];
-    at[3][j] = a.sb[i + j];
+  for (std::int64_t j = 0; j < half; ++j) {
+    xt[j] = x[first(PIn, j)];
+    xt[n + j] = x[second(PIn, j)];
+    at[0][j] = a.ca[j];
+    at[1][j] = a.sa[j];
+    at[2][j] = a.cb[j];
+    at[3][j] = a.sb[j];
   }
   const token_angles t{at[0], at[1], at[2], at[3]};
   rotate_step<In, typename Out::plain, pairs::halves, pairs::halves, RoundEach>(d, xt, yt, 0, n, t);
-  for (std::int64_t j = 0; j < rest; ++j) {
-    y[first(POut, i + j)] = yt[j];
-    y[second(POut, i + j)] = yt[n + j];
+  for (std::int64_t j = 0; j < half; ++j) {
+    y[first(POut, j)] = yt[j];
+    y[second(POut, j)] = yt[n + j];
   }
 }
 
