@@ -20,13 +20,16 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "reference/reference.h"
+#include "tilerope/error.h"
 #include "tilerope/tilerope.h"
 
 namespace tilerope::bench {
@@ -110,14 +113,36 @@ void copy_streaming(const unsigned char* from, unsigned char* to, std::size_t by
   _mm_sfence();
 }
 
-// ---- the unfused baseline ------------------------------------------------------------------
-
-void store(void* p, dtype t, std::size_t i, float v) {
-  if (t == dtype::bf16)
-    static_cast<std::uint16_t*>(p)[i] = f32_to_bf16_bits(v);
-  else
-    static_cast<float*>(p)[i] = v;
+// In place while reading a second buffer of the same size (dy rewritten, x read).
+void rmw_read(unsigned char* p, const unsigned char* other, std::size_t bytes, int threads) {
+  auto* v = reinterpret_cast<__m128i*>(p);
+  const auto* o = reinterpret_cast<const __m128i*>(other);
+  const std::size_t n = bytes / 16;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::size_t i = 0; i < n; ++i)
+    _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), _mm_load_si128(o + i)));
 }
+
+// Out of place while reading a second buffer: to = from + other, normal or streaming stores.
+void copy_read(const unsigned char* from, const unsigned char* other, unsigned char* to,
+               std::size_t bytes, int threads, bool streaming) {
+  const auto* s = reinterpret_cast<const __m128i*>(from);
+  const auto* o = reinterpret_cast<const __m128i*>(other);
+  auto* d = reinterpret_cast<__m128i*>(to);
+  const std::size_t n = bytes / 16;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (std::size_t i = 0; i < n; ++i) {
+    const __m128i v = _mm_add_epi32(_mm_load_si128(s + i), _mm_load_si128(o + i));
+    if (streaming) {
+      _mm_stream_si128(d + i, v);
+    } else {
+      _mm_store_si128(d + i, v);
+    }
+  }
+  _mm_sfence();
+}
+
+// ---- the unfused baseline ------------------------------------------------------------------
 
 // out = x * cos + rotate_half(x) * sin as eager PyTorch runs it: cos/sin gathered into full
 // [T, D] tensors, then rotate_half (two slices, a negation, a cat), three elementwise ops,
@@ -195,7 +220,8 @@ struct row {
   std::string kernel, dtype_name, shape;
   bool inplace = true;
   int threads = 1;
-  std::optional<double> gbps, ceiling_gbps, fraction, ns_per_call, speedup, ratio_to_production;
+  std::optional<double> gbps, ceiling_gbps, fraction, ns_per_call, speedup, ratio_to_production,
+      ns_per_element;
   double median_s = 0, min_s = 0;
 };
 
@@ -203,6 +229,10 @@ struct shape_case {
   std::string name;
   std::int64_t T, Hq, Hk, D;
   bool decode = false;
+  std::string label() const {
+    return name + " T=" + std::to_string(T) + " " + std::to_string(Hq) + "/" + std::to_string(Hk) +
+           "x" + std::to_string(D);
+  }
 };
 
 std::string fmt(const std::optional<double>& v, const char* f) {
@@ -213,12 +243,15 @@ std::string fmt(const std::optional<double>& v, const char* f) {
 }
 
 void print(const row& r) {
-  std::printf("%-14s %-5s %-3s %-34s %2d %9s %9s %8s %10s %9s  (median %.3f ms, min %.3f ms)\n",
-              r.kernel.c_str(), r.dtype_name.c_str(), r.inplace ? "in" : "out", r.shape.c_str(),
-              r.threads, fmt(r.gbps, "%.2f").c_str(), fmt(r.ceiling_gbps, "%.2f").c_str(),
-              fmt(r.fraction, "%.3f").c_str(), fmt(r.ns_per_call, "%.0f").c_str(),
-              fmt(r.speedup ? r.speedup : r.ratio_to_production, "%.2fx").c_str(), r.median_s * 1e3,
-              r.min_s * 1e3);
+  std::printf(
+      "%-16s %-5s %-3s %-34s %2d %9s %9s %8s %10s %9s  (median %.3f ms, min %.3f ms)\n",
+      r.kernel.c_str(), r.dtype_name.c_str(), r.inplace ? "in" : "out", r.shape.c_str(), r.threads,
+      fmt(r.gbps, "%.2f").c_str(), fmt(r.ceiling_gbps, "%.2f").c_str(),
+      fmt(r.fraction, "%.3f").c_str(),
+      fmt(r.ns_per_call ? r.ns_per_call : r.ns_per_element, r.ns_per_call ? "%.0f" : "%.4f/el")
+          .c_str(),
+      fmt(r.speedup ? r.speedup : r.ratio_to_production, "%.2fx").c_str(), r.median_s * 1e3,
+      r.min_s * 1e3);
   std::fflush(stdout);
 }
 
@@ -235,90 +268,272 @@ nlohmann::json to_json(const row& r) {
           {"ceiling_gbps", opt(r.ceiling_gbps)},
           {"fraction", opt(r.fraction)},
           {"ns_per_call", opt(r.ns_per_call)},
+          {"ns_per_element", opt(r.ns_per_element)},
           {"speedup_vs_unfused", opt(r.speedup)},
           {"tile_time_ratio", opt(r.ratio_to_production)},
           {"median_s", r.median_s},
           {"min_s", r.min_s}};
 }
 
-// One rope_apply configuration: q and k of a packed-free layout [T, H, D], table f32.
-std::vector<row> bench_rope(const shape_case& s, rope_style style, dtype t, bool inplace,
-                            int threads, int repeats, bool with_baseline) {
-  const std::int64_t half = s.D / 2;
-  const std::size_t es = size_of(t);
-  const std::size_t q_bytes = s.T * s.Hq * s.D * es, k_bytes = s.T * s.Hk * s.D * es;
-  buffer q(q_bytes), k(k_bytes), qo(inplace ? 16 : q_bytes), ko(inplace ? 16 : k_bytes);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  for (std::size_t i = 0; i < q_bytes / es; ++i) store(q.data.get(), t, i, normal(rng));
-  for (std::size_t i = 0; i < k_bytes / es; ++i) store(k.data.get(), t, i, normal(rng));
-  const std::int64_t max_pos = std::max<std::int64_t>(s.T, 4096);
-  const rope_table table = make_rope_table(max_pos, static_cast<int>(s.D), 1e6);
-  std::vector<std::int64_t> pos(s.T);
-  for (std::int64_t i = 0; i < s.T; ++i) pos[i] = s.decode ? 4000 + i : i;
-  rope_tensors x;
-  x.q = tensor_view::contiguous(q.data.get(), t, {s.T, s.Hq, s.D});
-  x.k = tensor_view::contiguous(k.data.get(), t, {s.T, s.Hk, s.D});
-  if (!inplace) {
-    x.q_out = tensor_view::contiguous(qo.data.get(), t, {s.T, s.Hq, s.D});
-    x.k_out = tensor_view::contiguous(ko.data.get(), t, {s.T, s.Hk, s.D});
-  }
-  const auto positions =
-      rope_positions::from_ids(tensor_view::contiguous(pos.data(), dtype::i64, {s.T}));
-  const auto angles = rope_angles::from_table(table.cos, table.sin);
-  set_num_threads(threads);
-  const timing kt = time_it(repeats, !s.decode, [&] { rope_apply(style, x, positions, angles); });
+// The kernels measured. Each is one library call over q [T, Hq, D] and k [T, Hk, D].
+enum class kernel_kind {
+  rope_neox,        // table f32 [max_pos, D/2] by position ids
+  rope_gptj,        // the same, adjacent pairs
+  vision,           // rows [S, D] f32 per patch, as Qwen2-VL's vision tower passes them
+  mrope,            // positions [3, T], sections [16, 24, 24] chunked, table f32
+  qk_norm_rope,     // Qwen3: RMSNorm per head (weights [D]) then rope, table f32
+  interleave,       // adjacent pairs in, split-half out, table f32
+  rope_neox_bwd,    // rope_apply backward
+  interleave_bwd,   // split-half in, adjacent pairs out
+  qk_norm_rope_bwd  // dx over dy (in place) or into dx, reading x; dw [D]
+};
 
+const char* name_of(kernel_kind k) {
+  switch (k) {
+    case kernel_kind::rope_neox:
+      return "rope-neox";
+    case kernel_kind::rope_gptj:
+      return "rope-gptj";
+    case kernel_kind::vision:
+      return "vision";
+    case kernel_kind::mrope:
+      return "mrope";
+    case kernel_kind::qk_norm_rope:
+      return "qk-norm-rope";
+    case kernel_kind::interleave:
+      return "interleave";
+    case kernel_kind::rope_neox_bwd:
+      return "rope-neox-bwd";
+    case kernel_kind::interleave_bwd:
+      return "interleave-bwd";
+    case kernel_kind::qk_norm_rope_bwd:
+      return "qk-norm-rope-bwd";
+  }
+  return "?";
+}
+
+// The access pattern of the ceiling loop: read-modify-write of the x bytes (in place), a copy
+// of them (out of place), or either of those while also reading a second buffer of the same
+// size (qk-norm backward reads the forward's x besides dy).
+enum class pattern { rmw, copy, rmw_read, copy_read };
+
+// One measured call: what it runs, the bytes of the minimum model, its ceiling pattern.
+struct problem {
+  std::function<void()> run;
+  double bytes = 0;         // GB/s numerator
+  std::size_t x_bytes = 0;  // the ceiling moves these (read and written)
+  pattern ceiling = pattern::rmw;
+  std::function<void()> baseline;           // the unfused composition, when there is one
+  std::vector<std::shared_ptr<void>> keep;  // buffers and tables the calls point into
+};
+
+template <class T>
+std::shared_ptr<T> hold(problem& p, T&& v) {
+  auto h = std::make_shared<T>(std::move(v));
+  p.keep.push_back(h);
+  return h;
+}
+
+void fill(const buffer& b, dtype t, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  const std::size_t n = b.bytes / size_of(t);
+  for (std::size_t i = 0; i < n; ++i) store_from_f64(b.data.get(), t, i, normal(rng));
+}
+
+problem make_problem(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int threads,
+                     bool with_baseline) {
+  problem p;
+  const std::int64_t T = s.T, Hq = s.Hq, Hk = s.Hk, D = s.D, half = D / 2;
+  const std::size_t es = size_of(t);
+  const std::size_t q_bytes = T * Hq * D * es, k_bytes = T * Hk * D * es;
+  auto q = hold(p, buffer(q_bytes)), k = hold(p, buffer(k_bytes));
+  auto qo = hold(p, buffer(inplace ? 16 : q_bytes)), ko = hold(p, buffer(inplace ? 16 : k_bytes));
+  fill(*q, t, 1);
+  fill(*k, t, 2);
+  rope_tensors x;
+  x.q = tensor_view::contiguous(q->data.get(), t, {T, Hq, D});
+  x.k = tensor_view::contiguous(k->data.get(), t, {T, Hk, D});
+  if (!inplace) {
+    x.q_out = tensor_view::contiguous(qo->data.get(), t, {T, Hq, D});
+    x.k_out = tensor_view::contiguous(ko->data.get(), t, {T, Hk, D});
+  }
+  const std::int64_t max_pos = std::max<std::int64_t>(T, 4096);
+  auto table = hold(p, make_rope_table(max_pos, static_cast<int>(D), 1e6));
+  auto pos = hold(p, std::vector<std::int64_t>(T));
+  for (std::int64_t i = 0; i < T; ++i) (*pos)[i] = s.decode ? 4000 + i : i;
+  const auto positions =
+      rope_positions::from_ids(tensor_view::contiguous(pos->data(), dtype::i64, {T}));
+  const auto angles = rope_angles::from_table(table->cos, table->sin);
+  const double table_bytes = 2.0 * T * half * 4;  // the cos and sin rows, once per token
+  p.x_bytes = q_bytes + k_bytes;
+  p.bytes = 2.0 * p.x_bytes + table_bytes + T * 8.0;
+  p.ceiling = inplace ? pattern::rmw : pattern::copy;
+  rope_options options;
+  switch (kind) {
+    case kernel_kind::rope_neox:
+    case kernel_kind::rope_gptj:
+    case kernel_kind::rope_neox_bwd: {
+      const rope_style style = kind == kernel_kind::rope_gptj ? rope_style::gptj : rope_style::neox;
+      options.backward = kind == kernel_kind::rope_neox_bwd;
+      p.run = [=] { rope_apply(style, x, positions, angles, options); };
+      break;
+    }
+    case kernel_kind::interleave:
+    case kernel_kind::interleave_bwd:
+      options.output_layout = rope_output_layout::split_half;
+      options.backward = kind == kernel_kind::interleave_bwd;
+      p.run = [=] { rope_apply(rope_style::gptj, x, positions, angles, options); };
+      break;
+    case kernel_kind::vision: {
+      // rows [S, D] f32: cat(freqs, freqs) per patch
+      auto rows = hold(p, rope_table{tensor(dtype::f32, {T, D}), tensor(dtype::f32, {T, D})});
+      for (std::int64_t r = 0; r < T; ++r) {
+        for (std::int64_t j = 0; j < D; ++j) {
+          const auto at = static_cast<std::size_t>(r * half + j % half);
+          static_cast<float*>(rows->cos.data())[r * D + j] =
+              static_cast<const float*>(table->cos.data())[at];
+          static_cast<float*>(rows->sin.data())[r * D + j] =
+              static_cast<const float*>(table->sin.data())[at];
+        }
+      }
+      p.bytes = 2.0 * p.x_bytes + 2.0 * T * D * 4;
+      const auto rows_angles = rope_angles::from_token_rows(rows->cos, rows->sin);
+      p.run = [=] { rope_apply(rope_style::neox, x, rows_angles); };
+      break;
+    }
+    case kernel_kind::mrope: {
+      auto ids = hold(p, tensor(dtype::i64, {3, T}));
+      for (std::int64_t a = 0; a < 3; ++a) {
+        for (std::int64_t i = 0; i < T; ++i) {
+          static_cast<std::int64_t*>(ids->data())[a * T + i] = a == 0 ? i : (i * (a + 3)) % 64;
+        }
+      }
+      const int sec = static_cast<int>(half);  // 16, 24, 24 scaled to half
+      const std::array<int, 3> section = {sec / 4, (sec - sec / 4) / 2,
+                                          sec - sec / 4 - (sec - sec / 4) / 2};
+      const auto axes =
+          rope_positions::from_axes(*ids, mrope_axis_map(section, mrope_layout::chunked));
+      p.bytes = 2.0 * p.x_bytes + table_bytes + 3.0 * T * 8;
+      p.run = [=] { rope_apply(rope_style::neox, x, axes, angles); };
+      break;
+    }
+    case kernel_kind::qk_norm_rope:
+    case kernel_kind::qk_norm_rope_bwd: {
+      auto w = hold(p, tensor(t, {D}));
+      for (std::int64_t j = 0; j < D; ++j)
+        store_from_f64(w->data(), t, static_cast<std::size_t>(j), 1.0 + 0.01 * j);
+      qk_norm norm;
+      norm.q_weight = *w;
+      norm.k_weight = w->view();
+      if (kind == kernel_kind::qk_norm_rope) {
+        p.run = [=] { qk_norm_rope_apply(rope_style::neox, x, positions, angles, norm); };
+        break;
+      }
+      // backward: dy is q, k (dx over it in place, or into q_out, k_out); x the forward's
+      auto xq = hold(p, buffer(q_bytes)), xk = hold(p, buffer(k_bytes));
+      fill(*xq, t, 3);
+      fill(*xk, t, 4);
+      auto dw = hold(p, std::vector<float>(2 * D));
+      qk_norm_rope_grad_tensors g;
+      g.q = tensor_view::contiguous(xq->data.get(), t, {T, Hq, D});
+      g.k = tensor_view::contiguous(xk->data.get(), t, {T, Hk, D});
+      g.dq_out = x.q;
+      g.dk_out = x.k;
+      g.dq = x.q_out;
+      g.dk = x.k_out;
+      g.dq_weight = tensor_view::contiguous(dw->data(), dtype::f32, {D});
+      g.dk_weight = tensor_view::contiguous(dw->data() + D, dtype::f32, {D});
+      p.bytes += static_cast<double>(p.x_bytes);
+      p.ceiling = inplace ? pattern::rmw_read : pattern::copy_read;
+      p.run = [=] { qk_norm_rope_backward(rope_style::neox, g, positions, angles, norm); };
+      break;
+    }
+  }
+  if (with_baseline && !s.decode && (t == dtype::f32 || t == dtype::bf16) &&
+      (kind == kernel_kind::rope_neox || kind == kernel_kind::vision)) {
+    // PyTorch eager composes q and k separately, into fresh outputs
+    const auto* c = static_cast<const float*>(table->cos.data());
+    const auto* sn = static_cast<const float*>(table->sin.data());
+    auto oq = hold(p, buffer(q_bytes)), ok = hold(p, buffer(k_bytes));
+    auto make = [&](auto tag) -> std::function<void()> {
+      using E = decltype(tag);
+      auto uq = hold(p, unfused<E>(T, Hq, D)), uk = hold(p, unfused<E>(T, Hk, D));
+      const std::int64_t* pp = pos->data();
+      return [=] {
+        uq->run(q->template as<E>(), oq->template as<E>(), c, sn, pp, threads);
+        uk->run(k->template as<E>(), ok->template as<E>(), c, sn, pp, threads);
+      };
+    };
+    p.baseline = t == dtype::f32 ? make(float{}) : make(std::uint16_t{});
+  }
+  return p;
+}
+
+// Ceilings measured once per (pattern, bytes, threads) in a run and reused by every row.
+struct ceilings {
+  int repeats;
+  std::map<std::tuple<int, std::size_t, int>, double> seconds;
+  double get(pattern pat, std::size_t x_bytes, int threads) {
+    const auto key = std::make_tuple(static_cast<int>(pat), x_bytes, threads);
+    if (auto it = seconds.find(key); it != seconds.end()) return it->second;
+    double t = 0;
+    if (pat == pattern::rmw || pat == pattern::rmw_read) {
+      buffer b(x_bytes), other(pat == pattern::rmw_read ? x_bytes : 16);
+      t = time_it(repeats, true, [&] {
+            if (pat == pattern::rmw_read) {
+              rmw_read(b.data.get(), other.data.get(), x_bytes, threads);
+            } else {
+              rmw(b.data.get(), x_bytes, threads);
+            }
+          }).median;
+    } else {
+      buffer from(x_bytes), to(x_bytes), other(pat == pattern::copy_read ? x_bytes : 16);
+      auto copy = [&](bool streaming) {
+        if (pat == pattern::copy_read) {
+          copy_read(from.data.get(), other.data.get(), to.data.get(), x_bytes, threads, streaming);
+        } else if (streaming) {
+          copy_streaming(from.data.get(), to.data.get(), x_bytes, threads);
+        } else {
+          copy_plain(from.data.get(), to.data.get(), x_bytes, threads);
+        }
+      };
+      const double plain = time_it(repeats, true, [&] { copy(false); }).median;
+      const double stream = time_it(repeats, true, [&] { copy(true); }).median;
+      t = std::min(plain, stream);
+    }
+    seconds[key] = t;
+    return t;
+  }
+};
+
+row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int threads, int repeats,
+            bool with_baseline, ceilings& ceil) {
+  problem p = make_problem(kind, s, t, inplace, threads, with_baseline);
+  set_num_threads(threads);
+  const timing kt = time_it(repeats, !s.decode, p.run);
   row r;
-  r.kernel = std::string("rope-") + std::string(to_string(style));
+  r.kernel = name_of(kind);
   r.dtype_name = std::string(to_string(t));
   r.inplace = inplace;
   r.threads = threads;
-  r.shape = s.name + " T=" + std::to_string(s.T) + " " + std::to_string(s.Hq) + "/" +
-            std::to_string(s.Hk) + "x" + std::to_string(s.D);
+  r.shape = s.label();
   r.median_s = kt.median;
   r.min_s = kt.min;
   if (s.decode) {
     r.ns_per_call = kt.median * 1e9;
-    return {r};
+    return r;
   }
-  const double bytes = 2.0 * (q_bytes + k_bytes) + 2.0 * s.T * half * 4 + s.T * 8.0;
-  r.gbps = bytes / kt.median / 1e9;
-  // The ceiling: the same bytes (x read and written) by the plainest loop of the same pattern.
-  const std::size_t x_bytes = q_bytes + k_bytes;
-  double ceiling_s;
-  if (inplace) {
-    buffer b(x_bytes);
-    ceiling_s = time_it(repeats, true, [&] { rmw(b.data.get(), x_bytes, threads); }).median;
-  } else {
-    buffer from(x_bytes), to(x_bytes);
-    const double plain = time_it(repeats, true, [&] {
-                           copy_plain(from.data.get(), to.data.get(), x_bytes, threads);
-                         }).median;
-    const double stream = time_it(repeats, true, [&] {
-                            copy_streaming(from.data.get(), to.data.get(), x_bytes, threads);
-                          }).median;
-    ceiling_s = std::min(plain, stream);
-  }
-  r.ceiling_gbps = 2.0 * x_bytes / ceiling_s / 1e9;
+  r.gbps = p.bytes / kt.median / 1e9;
+  const std::size_t streams = p.ceiling == pattern::rmw_read || p.ceiling == pattern::copy_read;
+  const double ceiling_s = ceil.get(p.ceiling, p.x_bytes, threads);
+  r.ceiling_gbps = (2.0 + static_cast<double>(streams)) * p.x_bytes / ceiling_s / 1e9;
   r.fraction = *r.gbps / *r.ceiling_gbps;
-  if (with_baseline && style == rope_style::neox) {
-    // PyTorch eager composes q and k separately; time both.
-    const auto* c = static_cast<const float*>(table.cos.data());
-    const auto* sn = static_cast<const float*>(table.sin.data());
-    buffer oq(q_bytes), ok(k_bytes);
-    auto time_unfused = [&](auto tag) {
-      using T = decltype(tag);
-      unfused<T> uq(s.T, s.Hq, s.D), uk(s.T, s.Hk, s.D);
-      return time_it(std::max(3, repeats / 4), true, [&] {
-        uq.run(q.as<T>(), oq.as<T>(), c, sn, pos.data(), threads);
-        uk.run(k.as<T>(), ok.as<T>(), c, sn, pos.data(), threads);
-      });
-    };
-    const timing ut = t == dtype::f32 ? time_unfused(float{}) : time_unfused(std::uint16_t{});
+  if (p.baseline) {
+    const timing ut = time_it(std::max(3, repeats / 4), true, p.baseline);
     r.speedup = ut.median / kt.median;
   }
-  return {r};
+  return r;
 }
 
 // The tile-layer skeleton against rope_apply on the same [B, S, D] (fp32, one thread).
@@ -367,46 +582,86 @@ int run_bench(const bench_options& o) {
   const int all = std::max(1, omp_get_max_threads());
   std::vector<int> thread_counts = {1};
   if (all > 1) thread_counts.push_back(all);
-  std::vector<shape_case> prefill = {{"qwen3-8b", 8192, 32, 8, 128},
-                                     {"llama3.1-8b", 8192, 32, 8, 128},
-                                     {"qwen2vl-vision", 4096, 16, 16, 80},
-                                     {"long", 32768, 32, 8, 128}};
-  if (o.quick) prefill.resize(1);
-  const std::vector<shape_case> decode = {{"decode", 1, 32, 8, 128, true},
-                                          {"decode", 16, 32, 8, 128, true}};
+  const shape_case qwen3{"qwen3-8b", 8192, 32, 8, 128};
+  const shape_case llama{"llama3.1-8b", 8192, 32, 8, 128};
+  const shape_case vision_shape{"qwen2vl-vision", 4096, 16, 16, 80};
+  const shape_case long_shape{"long", 32768, 32, 8, 128};
+  const std::vector<dtype> all_types = {dtype::f32, dtype::bf16, dtype::f16};
+  const std::vector<dtype> quick_types = {dtype::f32, dtype::bf16};
+  const auto& types = o.quick ? quick_types : all_types;
 
   std::printf(
       "tilerope bench: cpu target %s, up to %d threads, %d timed runs per row (median), caches "
       "flushed between runs\n",
       cpu_target().c_str(), all, repeats);
-  std::printf("%-14s %-5s %-3s %-34s %2s %9s %9s %8s %10s %9s\n", "kernel", "dtype", "io", "shape",
+  std::printf("%-16s %-5s %-3s %-34s %2s %9s %9s %8s %10s %9s\n", "kernel", "dtype", "io", "shape",
               "th", "GB/s", "ceiling", "fraction", "ns/call", "speedup");
   std::vector<row> rows;
+  ceilings ceil{repeats, {}};
   const int before = num_threads();
-  for (const auto& s : prefill) {
-    for (rope_style style : {rope_style::neox, rope_style::gptj}) {
-      for (dtype t : {dtype::f32, dtype::bf16}) {
+  auto add = [&](kernel_kind kind, const shape_case& s, dtype t, bool inplace, int th,
+                 bool baseline) {
+    const int reps = s.decode ? std::max(repeats, 200) : repeats;
+    rows.push_back(measure(kind, s, t, inplace, th, reps, baseline, ceil));
+    print(rows.back());
+  };
+  // rope, both styles: every prefill shape, dtype, in and out of place, 1 and all threads
+  std::vector<shape_case> rope_shapes = {qwen3, llama, vision_shape, long_shape};
+  if (o.quick) rope_shapes = {qwen3, vision_shape};
+  for (const auto& s : rope_shapes) {
+    for (kernel_kind kind : {kernel_kind::rope_neox, kernel_kind::rope_gptj}) {
+      for (dtype t : types) {
         for (bool inplace : {true, false}) {
-          if (o.quick && !inplace && t == dtype::bf16) continue;
-          for (int th : thread_counts) {
-            for (const row& r : bench_rope(s, style, t, inplace, th, repeats, inplace)) {
-              print(r);
-              rows.push_back(r);
-            }
-          }
+          if (o.quick && (s.D != 128 || kind == kernel_kind::rope_gptj) && !inplace) continue;
+          if (o.quick && s.D != 128 && kind == kernel_kind::rope_gptj) continue;
+          for (int th : thread_counts) add(kind, s, t, inplace, th, inplace);
         }
       }
     }
   }
-  for (const auto& s : decode) {
-    for (rope_style style : {rope_style::neox, rope_style::gptj}) {
-      for (dtype t : {dtype::f32, dtype::bf16}) {
-        for (const row& r : bench_rope(s, style, t, true, 1, std::max(repeats, 200), false)) {
-          print(r);
-          rows.push_back(r);
+  // the other variants, each on its model's shape
+  struct variant_shape {
+    kernel_kind kind;
+    shape_case shape;
+  };
+  for (const auto& [kind, s] :
+       {variant_shape{kernel_kind::vision, vision_shape}, variant_shape{kernel_kind::mrope, qwen3},
+        variant_shape{kernel_kind::qk_norm_rope, qwen3},
+        variant_shape{kernel_kind::interleave, qwen3},
+        variant_shape{kernel_kind::rope_neox_bwd, qwen3},
+        variant_shape{kernel_kind::interleave_bwd, qwen3},
+        variant_shape{kernel_kind::qk_norm_rope_bwd, qwen3}}) {
+    for (dtype t : types) {
+      for (bool inplace : {true, false}) {
+        if (o.quick && !inplace && t != dtype::f32) continue;
+        for (int th : thread_counts) add(kind, s, t, inplace, th, inplace);
+      }
+    }
+  }
+  // decode: cache resident, ns per call on the calling thread (and with all threads allowed:
+  // small problems stay on the caller)
+  for (std::int64_t T : {1, 16}) {
+    const shape_case s{"decode", T, 32, 8, 128, true};
+    for (kernel_kind kind : {kernel_kind::rope_neox, kernel_kind::rope_gptj, kernel_kind::mrope,
+                             kernel_kind::qk_norm_rope}) {
+      for (dtype t : quick_types) {
+        for (int th : thread_counts) {
+          if (o.quick && (th > 1 || T > 1) && kind != kernel_kind::rope_neox) continue;
+          add(kind, s, t, true, th, false);
         }
       }
     }
+  }
+  // linearity: time per element of rope-neox bf16 in place, one thread, T = 1024 .. 32768
+  std::vector<std::int64_t> lengths = {1024, 4096, 8192, 32768};
+  if (o.quick) lengths = {1024, 8192};
+  for (std::int64_t T : lengths) {
+    const shape_case s{"linear", T, 32, 8, 128};
+    row r = measure(kernel_kind::rope_neox, s, dtype::bf16, true, 1, repeats, false, ceil);
+    r.kernel = "rope-neox-scale";
+    r.ns_per_element = r.median_s * 1e9 / static_cast<double>(T * (32 + 8) * 128);
+    print(r);
+    rows.push_back(r);
   }
   const row sk = bench_skeleton(std::min(repeats, 10));
   print(sk);
@@ -414,14 +669,14 @@ int run_bench(const bench_options& o) {
   set_num_threads(before);
   std::printf(
       "fraction: kernel GB/s over the ceiling (same bytes, same access pattern, same run); "
-      "speedup: "
-      "unfused eager-style baseline time over kernel time; tile-skeleton: its time over "
-      "rope_apply's\n");
+      "speedup: unfused eager-style baseline time over kernel time; tile-skeleton: its time "
+      "over rope_apply's; rope-neox-scale: ns per element\n");
   if (o.json) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& r : rows) j.push_back(to_json(r));
     std::ofstream f(*o.json);
     f << j.dump(1) << "\n";
+    if (!f) throw error("cannot write " + *o.json);
   }
   return 0;
 }

@@ -566,38 +566,63 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
 }
 
 // Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts):
-// dh = rope_backward(g), then through the normalisation.
+// dh = rope_backward(g), then through the normalisation. Weight-gradient terms are summed in
+// fp32 over the heads of one token, then added into the fp64 accumulator.
 template <class IO, pairs PIn, pairs POut>
 void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last,
                                   int chunk) {
   using T = typename IO::storage;
   const df32 d;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
   float* scratch = thread_scratch(p);
   float* dh = scratch + 2 * rotary;
   float* xr = dh + D;
+  thread_local std::vector<float> token_dw;
+  token_dw.assign(static_cast<std::size_t>(D), 0.0f);
+  float* tdw = token_dw.data();
   const float inv_d = 1.0f / static_cast<float>(D);
-  for_each_row<T>(p, first, last, scratch,
-                  [&](std::int64_t b, std::int64_t s, const token_angles& a, const head_block& blk,
-                      std::int64_t hd, const T* g, T* dx) {
-                    rotate_row<IO, f32_io, PIn, POut>(d, g, dh, a, half);
-                    for (std::int64_t j = rotary; j < D; ++j) dh[j] = IO::load1(g + j);
-                    const T* x =
-                        static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s + hd * blk.x_h;
-                    float sq = 0, dot = 0;
-                    for (std::int64_t j = 0; j < D; ++j) {
-                      xr[j] = IO::load1(x + j);
-                      sq += xr[j] * xr[j];
-                      dot += blk.weight[j] * dh[j] * xr[j];
-                    }
-                    const float r = 1.0f / std::sqrt(sq * inv_d + p.eps);
-                    const float coef = r * r * r * inv_d * dot;
-                    double* dw = blk.weight_grad + chunk * D;
-                    for (std::int64_t j = 0; j < D; ++j) {
-                      IO::store1(r * blk.weight[j] * dh[j] - coef * xr[j], dx + j);
-                      dw[j] += static_cast<double>(dh[j] * xr[j] * r);
-                    }
-                  });
+  const std::int64_t vec_end = D / lanes * lanes;
+  for_each_row<T>(
+      p, first, last, scratch,
+      [&](std::int64_t b, std::int64_t s, const token_angles& a, const head_block& blk,
+          std::int64_t hd, const T* g, T* dx) {
+        rotate_row<IO, f32_io, PIn, POut>(d, g, dh, a, half);
+        for (std::int64_t j = rotary; j < D; ++j) dh[j] = IO::load1(g + j);
+        const T* x = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s + hd * blk.x_h;
+        vf32 sq = hn::Zero(d), dot = hn::Zero(d);
+        for (std::int64_t j = 0; j < vec_end; j += lanes) {
+          const vf32 xv = IO::load(d, x + j);
+          hn::StoreU(xv, d, xr + j);
+          sq = hn::MulAdd(xv, xv, sq);
+          dot = hn::MulAdd(hn::Mul(hn::LoadU(d, blk.weight + j), hn::LoadU(d, dh + j)), xv, dot);
+        }
+        float sq_s = hn::GetLane(hn::SumOfLanes(d, sq));
+        float dot_s = hn::GetLane(hn::SumOfLanes(d, dot));
+        for (std::int64_t j = vec_end; j < D; ++j) {
+          xr[j] = IO::load1(x + j);
+          sq_s += xr[j] * xr[j];
+          dot_s += blk.weight[j] * dh[j] * xr[j];
+        }
+        const float r = 1.0f / std::sqrt(sq_s * inv_d + p.eps);
+        const float coef = r * r * r * inv_d * dot_s;
+        const vf32 rv = hn::Set(d, r), cv = hn::Set(d, coef);
+        for (std::int64_t j = 0; j < vec_end; j += lanes) {
+          const vf32 dhv = hn::LoadU(d, dh + j), xv = hn::LoadU(d, xr + j);
+          const vf32 wdh = hn::Mul(hn::LoadU(d, blk.weight + j), dhv);
+          IO::store(d, hn::MulSub(rv, wdh, hn::Mul(cv, xv)), dx + j);
+          hn::StoreU(hn::MulAdd(hn::Mul(dhv, xv), rv, hn::LoadU(d, tdw + j)), d, tdw + j);
+        }
+        for (std::int64_t j = vec_end; j < D; ++j) {
+          IO::store1(r * blk.weight[j] * dh[j] - coef * xr[j], dx + j);
+          tdw[j] += dh[j] * xr[j] * r;
+        }
+        if (hd + 1 == blk.heads) {  // the token's last head of this block
+          double* dw = blk.weight_grad + chunk * D;
+          for (std::int64_t j = 0; j < D; ++j) dw[j] += static_cast<double>(tdw[j]);
+          std::fill(tdw, tdw + D, 0.0f);
+        }
+      });
 }
 
 // Large out-of-place calls whose every output vector is aligned take streaming stores.

@@ -155,7 +155,7 @@ namespace detail {
 
 // Below this many elements of q and k a call runs on the calling thread: waking a team
 // costs more than the work (a decode step is a few thousand elements).
-constexpr std::int64_t min_parallel_elements = 1 << 16;
+constexpr std::int64_t min_parallel_elements = 1 << 18;
 
 int max_chunks() { return num_threads(); }
 
