@@ -10,7 +10,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libomp-dev          # OpenMP for clang builds; g++ brings libgomp
   clang-format
-  python3 python3-numpy  # the independent fp64 check of `tilerope apply`
+  python3 python3-numpy  # the independent fp64 checks of `tilerope apply` and `tilerope freqs`
+  python3-matplotlib     # scripts/plot-bench.py (docs/bench/*.png)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Plots `tilerope bench --json OUT.json`: for each prefill shape, every kernel's GB/s beside
+the ceiling measured in the same run (docs/bench/<shape>.png), and the decode and linearity
+rows (docs/bench/decode.png, docs/bench/linearity.png).
+
+    scripts/plot-bench.py bench.json [docs/bench]
+"""
+import json
+import os
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    rows = json.load(open(sys.argv[1]))
+    out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join("docs", "bench")
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+
+    prefill = [r for r in rows if r["fraction"] is not None and not r["kernel"].endswith("-scale")]
+    for shape in dict.fromkeys(r["shape"] for r in prefill):
+        group = [r for r in prefill if r["shape"] == shape]
+        labels = [
+            f'{r["kernel"]} {r["dtype"]} {"in" if r["inplace"] else "out"} {r["threads"]}t'
+            for r in group
+        ]
+        fig, ax = plt.subplots(figsize=(max(6, 0.42 * len(group) + 2), 4.8))
+        xs = range(len(group))
+        ax.bar([x - 0.2 for x in xs], [r["gbps"] for r in group], 0.4, label="kernel GB/s")
+        ax.bar([x + 0.2 for x in xs], [r["ceiling_gbps"] for r in group], 0.4,
+               label="ceiling GB/s (same run)", color="#bbbbbb")
+        for x, r in zip(xs, group):
+            ax.text(x, max(r["gbps"], r["ceiling_gbps"]) * 1.02, f'{r["fraction"]:.2f}',
+                    ha="center", fontsize=7)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, rotation=70, ha="right", fontsize=7)
+        ax.set_ylabel("GB/s (minimum bytes model)")
+        ax.set_title(f"{shape}\nkernel vs ceiling (fraction above each pair)", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, slug(shape) + ".png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    decode = [r for r in rows if r["ns_per_call"] is not None]
+    if decode:
+        fig, ax = plt.subplots(figsize=(max(6, 0.42 * len(decode) + 2), 4.2))
+        labels = [f'{r["kernel"]} {r["dtype"]} {r["shape"].split()[1]} {r["threads"]}t'
+                  for r in decode]
+        ax.bar(range(len(decode)), [r["ns_per_call"] / 1000 for r in decode])
+        ax.axhline(1.0, color="red", linewidth=0.8, label="1 us")
+        ax.set_xticks(range(len(decode)))
+        ax.set_xticklabels(labels, rotation=70, ha="right", fontsize=7)
+        ax.set_ylabel("microseconds per call (median)")
+        ax.set_title("decode, 32 q heads + 8 k heads, head_dim 128")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out_dir, "decode.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    scale = [r for r in rows if r["kernel"].endswith("-scale")]
+    if scale:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        tokens = [int(r["shape"].split("T=")[1].split()[0]) for r in scale]
+        ax.plot(tokens, [r["ns_per_element"] for r in scale], marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel("ns per element (median)")
+        ax.set_title("rope-neox bf16 in place, 1 thread: cost per element")
+        fig.tight_layout()
+        path = os.path.join(out_dir, "linearity.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    for p in written:
+        print(p)
+
+
+if __name__ == "__main__":
+    main()
