@@ -243,11 +243,13 @@ HWY_INLINE void store_pair(df32 d, vf32 a, vf32 b, typename IO::storage* y, std:
 // One vector of pairs rotated: (xa, xb) -> (xa ca - xb sa, xb cb + xa sb) at frequency i.
 // RoundEach rounds each product to the output dtype before the sum, as PyTorch evaluates
 // x * cos + rotate_half(x) * sin in a 16-bit dtype.
-template <class Out, bool RoundEach>
-HWY_INLINE void rotate_vectors(df32 d, vf32 xa, vf32 xb, std::int64_t i, const token_angles& a,
-                               vf32& ya, vf32& yb) {
+// Full: the second element has its own cos/sin (full-width rows); otherwise cb = ca, sb = sa
+// and only two angle vectors are loaded.
+template <class Out, bool RoundEach, bool Full>
+HWY_INLINE void rotate_vectors(df32 d, vf32 xa, vf32 xb, std::int64_t i, token_angles a, vf32& ya,
+                               vf32& yb) {
   const vf32 ca = hn::LoadU(d, a.ca + i), sa = hn::LoadU(d, a.sa + i);
-  const vf32 cb = hn::LoadU(d, a.cb + i), sb = hn::LoadU(d, a.sb + i);
+  const vf32 cb = Full ? hn::LoadU(d, a.cb + i) : ca, sb = Full ? hn::LoadU(d, a.sb + i) : sa;
   if constexpr (RoundEach) {
     ya = hn::Sub(Out::round(d, hn::Mul(xa, ca)), Out::round(d, hn::Mul(xb, sa)));
     yb = hn::Add(Out::round(d, hn::Mul(xb, cb)), Out::round(d, hn::Mul(xa, sb)));
@@ -258,12 +260,12 @@ HWY_INLINE void rotate_vectors(df32 d, vf32 xa, vf32 xb, std::int64_t i, const t
 }
 
 // One vector of pairs, read from x as `In` lays them out and written to y as `Out` does.
-template <class In, class Out, pairs PIn, pairs POut, bool RoundEach>
+template <class In, class Out, pairs PIn, pairs POut, bool RoundEach, bool Full = true>
 HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out::storage* y,
-                            std::int64_t i, std::int64_t half, const token_angles& a) {
+                            std::int64_t i, std::int64_t half, token_angles a) {
   vf32 xa, xb, ya, yb;
   load_pair<In, PIn>(d, x, i, half, xa, xb);
-  rotate_vectors<Out, RoundEach>(d, xa, xb, i, a, ya, yb);
+  rotate_vectors<Out, RoundEach, Full>(d, xa, xb, i, a, ya, yb);
   store_pair<Out, POut>(d, ya, yb, y, i, half);
 }
 
@@ -272,22 +274,34 @@ HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out:
 // before any store (so in place reads only original values) and stored last, with plain
 // stores (it is not aligned); overlapped pairs get the same value twice. Rows shorter than one
 // vector go through zero-padded copies: nothing is read or written past the row.
+template <class In, class Out, pairs PIn, pairs POut, bool RoundEach, bool Full>
+HWY_INLINE void rotate_whole_vectors(df32 d, const typename In::storage* x,
+                                     typename Out::storage* y, token_angles a, std::int64_t half) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t last = half - n;
+  const bool overlap = half % n != 0;
+  vf32 ta = hn::Zero(d), tb = hn::Zero(d);
+  if (overlap) {
+    vf32 xa, xb;
+    load_pair<In, PIn>(d, x, last, half, xa, xb);
+    rotate_vectors<Out, RoundEach, Full>(d, xa, xb, last, a, ta, tb);
+  }
+  for (std::int64_t i = 0; i + n <= half; i += n) {
+    rotate_step<In, Out, PIn, POut, RoundEach, Full>(d, x, y, i, half, a);
+  }
+  if (overlap) store_pair<typename Out::plain, POut>(d, ta, tb, y, last, half);
+}
+
 template <class In, class Out, pairs PIn, pairs POut, bool RoundEach = false>
-void rotate_row(df32 d, const typename In::storage* x, typename Out::storage* y,
-                const token_angles& a, std::int64_t half) {
+void rotate_row(df32 d, const typename In::storage* x, typename Out::storage* y, token_angles a,
+                std::int64_t half) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   if (half >= n) {
-    const std::int64_t last = half - n;
-    const bool overlap = half % n != 0;
-    vf32 ta = hn::Zero(d), tb = hn::Zero(d);
-    if (overlap) {
-      vf32 xa, xb;
-      load_pair<In, PIn>(d, x, last, half, xa, xb);
-      rotate_vectors<Out, RoundEach>(d, xa, xb, last, a, ta, tb);
+    if (a.cb == a.ca && a.sb == a.sa) {
+      rotate_whole_vectors<In, Out, PIn, POut, RoundEach, false>(d, x, y, a, half);
+    } else {
+      rotate_whole_vectors<In, Out, PIn, POut, RoundEach, true>(d, x, y, a, half);
     }
-    std::int64_t i = 0;
-    for (; i + n <= half; i += n) rotate_step<In, Out, PIn, POut, RoundEach>(d, x, y, i, half, a);
-    if (overlap) store_pair<typename Out::plain, POut>(d, ta, tb, y, last, half);
     return;
   }
   typename In::storage xt[2 * max_f32_lanes] = {};
@@ -484,29 +498,65 @@ void for_each_row(const rope_plan& p, std::int64_t first, std::int64_t last, flo
   }
 }
 
+// The heads of one block (q or k) of one token. Each head row is touched once: the same row
+// `prefetch_tokens` on is asked for while this one computes, so that loads stay in flight
+// across the per-token work. Full (four angle vectors or two) is decided once per token.
+template <class IO, pairs PIn, pairs POut, bool Full>
+HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& blk,
+                                  const typename IO::storage* in, typename IO::storage* out,
+                                  bool prefetch, const token_angles& a,
+                                  typename IO::storage* row_copy) {
+  using T = typename IO::storage;
+  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
+  const std::int64_t pass = p.head_dim - rotary;
+  const bool whole = half >= static_cast<std::int64_t>(hn::Lanes(d));
+  const T* next = in + prefetch_tokens * blk.in_s;
+  const std::int64_t row_bytes = p.head_dim * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t h = 0; h < blk.heads; ++h) {
+    if (prefetch) {
+      const auto* line = reinterpret_cast<const char*>(next + h * blk.in_h);
+      for (std::int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(line + o);
+    }
+    const T* x = in + h * blk.in_h;
+    T* y = out + h * blk.out_h;
+    if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
+    if constexpr (PIn != POut) {
+      // in place with a changed layout: the row is read whole before it is written
+      if (x == y) {
+        std::memcpy(row_copy, x, static_cast<std::size_t>(rotary) * sizeof(T));
+        x = row_copy;
+      }
+    }
+    if (whole) {
+      rotate_whole_vectors<IO, IO, PIn, POut, false, Full>(d, x, y, a, half);
+    } else {
+      rotate_row<IO, IO, PIn, POut>(d, x, y, a, half);
+    }
+  }
+}
+
 template <class IO, pairs PIn, pairs POut>
 void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
-  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
-  const std::int64_t pass = p.head_dim - rotary;
   float* scratch = thread_scratch(p);
-  // in place with a changed layout: each row is read whole before it is written
-  T* row_copy = reinterpret_cast<T*>(scratch + 2 * rotary);
-  for_each_row<T>(p, first, last, scratch,
-                  [&](std::int64_t, std::int64_t, const token_angles& a, const head_block&,
-                      std::int64_t, const T* x, T* y) {
-                    if (pass > 0 && x != y) {
-                      std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
-                    }
-                    if constexpr (PIn != POut) {
-                      if (x == y) {
-                        std::memcpy(row_copy, x, static_cast<std::size_t>(rotary) * sizeof(T));
-                        x = row_copy;
-                      }
-                    }
-                    rotate_row<IO, IO, PIn, POut>(d, x, y, a, half);
-                  });
+  T* row_copy = reinterpret_cast<T*>(scratch + 2 * p.rotary_dim);
+  for (std::int64_t t = first; t < last; ++t) {
+    const std::int64_t b = t / p.seq, q = t % p.seq;
+    const token_angles a = angles_for(p, b, q, scratch);
+    const bool full = a.cb != a.ca || a.sb != a.sa;
+    const bool prefetch = t + prefetch_tokens < last && (t + prefetch_tokens) / p.seq == b;
+    for (int k = 0; k < p.num_blocks; ++k) {
+      const head_block& blk = p.blocks[k];
+      const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
+      T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
+      if (full) {
+        rotate_block_rows<IO, PIn, POut, true>(d, p, blk, in, out, prefetch, a, row_copy);
+      } else {
+        rotate_block_rows<IO, PIn, POut, false>(d, p, blk, in, out, prefetch, a, row_copy);
+      }
+    }
+  }
 }
 
 // Sum of x^2 over n elements, in fp32.
