@@ -601,6 +601,7 @@ int run_bench(const bench_options& o) {
   const int before = num_threads();
   auto add = [&](kernel_kind kind, const shape_case& s, dtype t, bool inplace, int th,
                  bool baseline) {
+    if (!o.only.empty() && std::string(name_of(kind)).find(o.only) == std::string::npos) return;
     const int reps = s.decode ? std::max(repeats, 200) : repeats;
     rows.push_back(measure(kind, s, t, inplace, th, reps, baseline, ceil));
     print(rows.back());
@@ -656,6 +657,7 @@ int run_bench(const bench_options& o) {
   std::vector<std::int64_t> lengths = {1024, 4096, 8192, 32768};
   if (o.quick) lengths = {1024, 8192};
   for (std::int64_t T : lengths) {
+    if (!o.only.empty() && std::string("rope-neox-scale").find(o.only) == std::string::npos) break;
     const shape_case s{"linear", T, 32, 8, 128};
     row r = measure(kernel_kind::rope_neox, s, dtype::bf16, true, 1, repeats, false, ceil);
     r.kernel = "rope-neox-scale";
@@ -663,9 +665,11 @@ int run_bench(const bench_options& o) {
     print(r);
     rows.push_back(r);
   }
-  const row sk = bench_skeleton(std::min(repeats, 10));
-  print(sk);
-  rows.push_back(sk);
+  if (o.only.empty() || std::string("tile-skeleton").find(o.only) != std::string::npos) {
+    const row sk = bench_skeleton(std::min(repeats, 10));
+    print(sk);
+    rows.push_back(sk);
+  }
   set_num_threads(before);
   std::printf(
       "fraction: kernel GB/s over the ceiling (same bytes, same access pattern, same run); "

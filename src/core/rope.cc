@@ -452,6 +452,7 @@ struct plan_storage {
   std::vector<double> inv_freq;
   std::vector<float> inv_freq_f32;
   std::vector<float> weight[2];
+  std::vector<float> weight_pairs[2];  // weight_a then weight_b
   std::vector<double> weight_grad[2];
 };
 
@@ -630,6 +631,19 @@ void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan, plan_st
   if (norm.rounding == qk_norm_rounding::hf_qwen3 &&
       (plan.in_pairs != detail::pairs::halves || plan.out_pairs != detail::pairs::halves)) {
     throw error("rounding hf_qwen3 is Qwen3's rotate_half evaluation order: it needs style neox");
+  }
+  // the weights in pair order of the forward's input: (i, i + r/2) or (2i, 2i + 1)
+  const std::int64_t half = plan.rotary_dim / 2;
+  const bool adjacent = plan.style == rope_style::gptj;
+  for (int k = 0; k < plan.num_blocks; ++k) {
+    std::vector<float>& pw = st.weight_pairs[k];
+    pw.resize(static_cast<std::size_t>(2 * half));
+    for (std::int64_t i = 0; i < half; ++i) {
+      pw[i] = st.weight[k][adjacent ? 2 * i : i];
+      pw[half + i] = st.weight[k][adjacent ? 2 * i + 1 : half + i];
+    }
+    plan.blocks[k].weight_a = pw.data();
+    plan.blocks[k].weight_b = pw.data() + half;
   }
   plan.qk_norm = true;
   plan.eps = static_cast<float>(norm.eps);

@@ -579,40 +579,95 @@ float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
 
 float scalar_round(dtype t, float v) { return round_to(t, v); }
 
-// QK RMSNorm + RoPE: h = x r w into fp32 scratch, then the rotation out of it.
+// x r w for one vector of pair elements (w: the weights of those elements, in pair order).
+template <class IO, bool HfRound>
+HWY_INLINE vf32 normalised(df32 d, vf32 x, vf32 r, const float* w, std::int64_t i) {
+  vf32 n = hn::Mul(x, r);
+  if constexpr (HfRound) n = IO::round(d, n);
+  vf32 hw = hn::Mul(n, hn::LoadU(d, w + i));
+  if constexpr (HfRound) hw = IO::round(d, hw);
+  return hw;
+}
+
+// One row of QK RMSNorm + RoPE with r/2 >= one vector: each vector of pairs is normalised in
+// registers and rotated (the last, overlapping vector first, as rotate_whole_vectors does).
+template <class IO, pairs PIn, pairs POut, bool HfRound, bool Full>
+HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename IO::storage* y,
+                                const token_angles& a, std::int64_t half, float r, const float* wa,
+                                const float* wb) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  const vf32 rv = hn::Set(d, r);
+  const std::int64_t last = half - n;
+  const bool overlap = half % n != 0;
+  vf32 ta = hn::Zero(d), tb = hn::Zero(d);
+  if (overlap) {
+    vf32 xa, xb;
+    load_pair<IO, PIn>(d, x, last, half, xa, xb);
+    rotate_vectors<IO, HfRound, Full>(d, normalised<IO, HfRound>(d, xa, rv, wa, last),
+                                      normalised<IO, HfRound>(d, xb, rv, wb, last), last, a, ta,
+                                      tb);
+  }
+  for (std::int64_t i = 0; i + n <= half; i += n) {
+    vf32 xa, xb, ya, yb;
+    load_pair<IO, PIn>(d, x, i, half, xa, xb);
+    rotate_vectors<IO, HfRound, Full>(d, normalised<IO, HfRound>(d, xa, rv, wa, i),
+                                      normalised<IO, HfRound>(d, xb, rv, wb, i), i, a, ya, yb);
+    store_pair<IO, POut>(d, ya, yb, y, i, half);
+  }
+  if (overlap) store_pair<IO, POut>(d, ta, tb, y, last, half);
+}
+
+// QK RMSNorm + RoPE: the mean of squares over the row, then normalise and rotate in one pass
+// over it; rows shorter than a vector of pairs go through h = x r w in fp32 scratch.
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
+  const bool whole = half >= lanes;
   float* scratch = thread_scratch(p);
   float* h = scratch + 2 * rotary;
+  T* row_copy = reinterpret_cast<T*>(h + D);
   const float inv_d = 1.0f / static_cast<float>(D);
-  for_each_row<T>(p, first, last, scratch,
-                  [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
-                      std::int64_t, const T* x, T* y) {
-                    const float mean = sum_of_squares<IO>(d, x, D) * inv_d;
-                    const float r = 1.0f / std::sqrt(mean + p.eps);
-                    const vf32 rv = hn::Set(d, r);
-                    std::int64_t j = 0;
-                    for (; j + lanes <= D; j += lanes) {
-                      vf32 n = hn::Mul(IO::load(d, x + j), rv);
-                      if constexpr (HfRound) n = IO::round(d, n);
-                      vf32 hw = hn::Mul(n, hn::LoadU(d, blk.weight + j));
-                      if constexpr (HfRound) hw = IO::round(d, hw);
-                      hn::StoreU(hw, d, h + j);
-                    }
-                    for (; j < D; ++j) {
-                      float n = IO::load1(x + j) * r;
-                      if constexpr (HfRound) n = scalar_round(p.x_type, n);
-                      float hw = n * blk.weight[j];
-                      if constexpr (HfRound) hw = scalar_round(p.x_type, hw);
-                      h[j] = hw;
-                    }
-                    rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
-                    for (j = rotary; j < D; ++j) IO::store1(h[j], y + j);
-                  });
+  for_each_row<T>(
+      p, first, last, scratch,
+      [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk, std::int64_t,
+          const T* x, T* y) {
+        const float mean = sum_of_squares<IO>(d, x, D) * inv_d;
+        const float r = 1.0f / std::sqrt(mean + p.eps);
+        for (std::int64_t j = rotary; j < D; ++j) {  // pass-through dims: normalised only
+          float n = IO::load1(x + j) * r;
+          if constexpr (HfRound) n = scalar_round(p.x_type, n);
+          float hw = n * blk.weight[j];
+          if constexpr (HfRound) hw = scalar_round(p.x_type, hw);
+          IO::store1(hw, y + j);
+        }
+        if (whole) {
+          if constexpr (PIn != POut) {
+            if (x == y) {  // in place with a changed layout: the row is read whole first
+              std::memcpy(row_copy, x, static_cast<std::size_t>(rotary) * sizeof(T));
+              x = row_copy;
+            }
+          }
+          if (a.cb == a.ca && a.sb == a.sa) {
+            norm_rotate_row<IO, PIn, POut, HfRound, false>(d, x, y, a, half, r, blk.weight_a,
+                                                           blk.weight_b);
+          } else {
+            norm_rotate_row<IO, PIn, POut, HfRound, true>(d, x, y, a, half, r, blk.weight_a,
+                                                          blk.weight_b);
+          }
+          return;
+        }
+        for (std::int64_t j = 0; j < rotary; ++j) {
+          float n = IO::load1(x + j) * r;
+          if constexpr (HfRound) n = scalar_round(p.x_type, n);
+          float hw = n * blk.weight[j];
+          if constexpr (HfRound) hw = scalar_round(p.x_type, hw);
+          h[j] = hw;
+        }
+        rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
+      });
 }
 
 // Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts):

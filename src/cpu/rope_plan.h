@@ -20,6 +20,8 @@ struct head_block {
   // QK RMSNorm: the weight as fp32 [head_dim]; backward: the forward's input x and the fp64
   // weight-gradient accumulator [chunks][head_dim]
   const float* weight = nullptr;
+  const float* weight_a = nullptr;  // the weights of the first / second element of each pair
+  const float* weight_b = nullptr;  // (forward input layout), r/2 each
   const void* x = nullptr;
   std::int64_t x_b = 0, x_s = 0, x_h = 0;
   double* weight_grad = nullptr;
