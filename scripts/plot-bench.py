@@ -4,6 +4,7 @@ the ceiling measured in the same run (docs/bench/<shape>.png), and the decode an
 rows (docs/bench/decode.png, docs/bench/linearity.png).
 
     scripts/plot-bench.py bench.json [docs/bench]
+    scripts/plot-bench.py --table bench.json      # the rows as a Markdown table, to stdout
 """
 import json
 import os
@@ -20,9 +21,28 @@ def slug(text):
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def num(v, f):
+    return "-" if v is None else format(v, f)
+
+
+def markdown_table(rows):
+    print("| kernel | dtype | io | shape | threads | GB/s | ceiling GB/s | fraction | "
+          "speedup vs unfused | ns/call | ns/element |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        speed = r.get("speedup_vs_unfused") or r.get("tile_time_ratio")
+        print(f'| {r["kernel"]} | {r["dtype"]} | {"in" if r["inplace"] else "out"} | {r["shape"]} '
+              f'| {r["threads"]} | {num(r["gbps"], ".1f")} | {num(r["ceiling_gbps"], ".1f")} '
+              f'| {num(r["fraction"], ".2f")} | {num(speed, ".1f")}{"x" if speed else ""} '
+              f'| {num(r["ns_per_call"], ".0f")} | {num(r.get("ns_per_element"), ".3f")} |')
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
+    if sys.argv[1] == "--table":
+        markdown_table(json.load(open(sys.argv[2])))
+        return
     rows = json.load(open(sys.argv[1]))
     out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join("docs", "bench")
     os.makedirs(out_dir, exist_ok=True)

@@ -571,6 +571,7 @@ void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions
     plan.ids = positions.ids.data;
     plan.ids_type = positions.ids.type;
     plan.ids_axis = positions.ids.strides[0];
+    plan.num_axes = positions.ids.shape[0];
     plan.axis_of_frequency = positions.axis_of_frequency.data();
     plan.ids_s = 1;
   } else if (positions.from == rope_positions::source::ids) {

@@ -17,6 +17,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
+#undef TILEROPE_NATIVE_BF16  // each target's pass decides anew
 HWY_BEFORE_NAMESPACE();
 namespace tilerope::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -143,12 +144,29 @@ struct f16_io {
   }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
+#if HWY_TARGET <= HWY_AVX2
+    // F16C for each half, then the two zero-extended into one u32 lane
+    return hn::Or(hn::PromoteTo(du32_t(), encode(d, even)),
+                  hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), encode(d, odd))));
+#else
     return hn::Or(f32_to_f16(d, even), hn::ShiftLeft<16>(f32_to_f16(d, odd)));
+#endif
   }
   static void load_pairs(df32 d, const std::uint16_t* p, vf32& even, vf32& odd) {
     const auto u = load_u16_pairs(p);
+#if HWY_TARGET <= HWY_AVX2
+    // each half narrowed to u16 lanes, then widened by F16C
+    const hn::Rebind<hwy::float16_t, df32> dh;
+    const hn::RebindToSigned<df32> di;
+    const auto lo =
+        hn::DemoteTo(out_tag(), hn::BitCast(di, hn::And(u, hn::Set(du32_t(), 0xffffu))));
+    const auto hi = hn::DemoteTo(out_tag(), hn::BitCast(di, hn::ShiftRight<16>(u)));
+    even = hn::PromoteTo(d, hn::BitCast(dh, lo));
+    odd = hn::PromoteTo(d, hn::BitCast(dh, hi));
+#else
     even = f16_to_f32(d, hn::And(u, hn::Set(du32_t(), 0xffffu)));
     odd = f16_to_f32(d, hn::ShiftRight<16>(u));
+#endif
   }
   static void store_pairs(df32 d, vf32 even, vf32 odd, std::uint16_t* p) {
     hn::StoreU(encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
@@ -185,6 +203,26 @@ struct bf16_io {
     hn::StoreU(encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
   }
 };
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define TILEROPE_NATIVE_BF16 1
+// bf16 on CPUs with AVX512-BF16 (Zen 4, Sapphire Rapids): vcvtneps2bf16 rounds to nearest
+// even and quiets NaN as the integer path does, in one instruction instead of about ten, but
+// it flushes subnormal inputs to zero: a vector holding one takes the integer path. Chosen at
+// run time (native_bf16()); every fp32 bit pattern is checked through it by the kernel tests.
+struct bf16_native_io : bf16_io {
+  using plain = bf16_native_io;
+  static hn::Vec<out_tag> encode(df32 d, vf32 v) {
+    const auto subnormal =
+        hn::And(hn::Lt(hn::Abs(v), hn::Set(d, 0x1p-126f)), hn::Ne(v, hn::Zero(d)));
+    if (HWY_UNLIKELY(!hn::AllFalse(d, subnormal))) return bf16_io::encode(d, v);
+    hn::Vec<out_tag> r;
+    asm("vcvtneps2bf16 %1, %0" : "=v"(r.raw) : "v"(v.raw));
+    return r;
+  }
+  static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
+};
+#endif
 
 // The same element type with non-temporal (streaming) stores, for large out-of-place calls:
 // the output lines are written whole, so they need not be read for ownership first. Needs
@@ -405,10 +443,28 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
       }
     }
   } else if (p.cos != nullptr && p.axis_of_frequency != nullptr) {
-    for (std::int64_t i = 0; i < half; ++i) {
-      const std::int64_t e = axis_position_of(p, i, s) * p.table_row + i;
-      ca[i] = value_at(p.table_type, p.cos, e);
-      sa[i] = value_at(p.table_type, p.sin, e);
+    if (p.table_type == dtype::f32 && p.num_axes <= 4) {
+      // the token's table row of each axis, then column i from the row of its axis
+      const float* crow[4];
+      const float* srow[4];
+      for (std::int64_t ax = 0; ax < p.num_axes; ++ax) {
+        const std::int64_t at = ax * p.ids_axis + s;
+        const std::int64_t pos = p.ids_type == dtype::i32
+                                     ? static_cast<const std::int32_t*>(p.ids)[at]
+                                     : static_cast<const std::int64_t*>(p.ids)[at];
+        crow[ax] = static_cast<const float*>(p.cos) + pos * p.table_row;
+        srow[ax] = static_cast<const float*>(p.sin) + pos * p.table_row;
+      }
+      for (std::int64_t i = 0; i < half; ++i) {
+        ca[i] = crow[p.axis_of_frequency[i]][i];
+        sa[i] = srow[p.axis_of_frequency[i]][i];
+      }
+    } else {
+      for (std::int64_t i = 0; i < half; ++i) {
+        const std::int64_t e = axis_position_of(p, i, s) * p.table_row + i;
+        ca[i] = value_at(p.table_type, p.cos, e);
+        sa[i] = value_at(p.table_type, p.sin, e);
+      }
     }
   } else if (p.cos != nullptr) {
     const std::int64_t row = position_of(p, b, s) * p.table_row;
@@ -461,8 +517,6 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
   return token_angles{ca, sa, cb, sb};
 }
 
-constexpr std::int64_t prefetch_tokens = 2;
-
 // Per-thread scratch: 4 * r/2 angles, then two rows of head_dim fp32.
 float* thread_scratch(const rope_plan& p) {
   thread_local std::vector<float> scratch;
@@ -471,9 +525,9 @@ float* thread_scratch(const rope_plan& p) {
   return scratch.data();
 }
 
-// Visits every head row of tokens [first, last): fn(t, angles, block, x, y) with x and y
-// the row's input and output; the rows `prefetch_tokens` ahead are asked for meanwhile, as
-// each row is touched once and loads must stay in flight across the per-token work.
+// Visits every head row of tokens [first, last): fn(b, s, angles, block, head, x, y) with x
+// and y the row's input and output. No software prefetch: the hardware prefetchers follow
+// these streams, and prefetching the rows two tokens ahead measured slower (docs/benchmarks.md).
 template <class T, class Fn>
 void for_each_row(const rope_plan& p, std::int64_t first, std::int64_t last, float* angle_scratch,
                   Fn&& fn) {
@@ -484,39 +538,24 @@ void for_each_row(const rope_plan& p, std::int64_t first, std::int64_t last, flo
       const head_block& blk = p.blocks[k];
       const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
       T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
-      const bool prefetch = t + prefetch_tokens < last && (t + prefetch_tokens) / p.seq == b;
-      const T* next = in + prefetch_tokens * blk.in_s;
-      const std::int64_t row_bytes = p.head_dim * static_cast<std::int64_t>(sizeof(T));
       for (std::int64_t h = 0; h < blk.heads; ++h) {
-        if (prefetch) {
-          const auto* line = reinterpret_cast<const char*>(next + h * blk.in_h);
-          for (std::int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(line + o);
-        }
         fn(b, q, a, blk, h, in + h * blk.in_h, out + h * blk.out_h);
       }
     }
   }
 }
 
-// The heads of one block (q or k) of one token. Each head row is touched once: the same row
-// `prefetch_tokens` on is asked for while this one computes, so that loads stay in flight
-// across the per-token work. Full (four angle vectors or two) is decided once per token.
+// The heads of one block (q or k) of one token. Full (four angle vectors or two) is decided
+// once per token.
 template <class IO, pairs PIn, pairs POut, bool Full>
 HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
-                                  bool prefetch, const token_angles& a,
-                                  typename IO::storage* row_copy) {
+                                  const token_angles& a, typename IO::storage* row_copy) {
   using T = typename IO::storage;
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
   const std::int64_t pass = p.head_dim - rotary;
   const bool whole = half >= static_cast<std::int64_t>(hn::Lanes(d));
-  const T* next = in + prefetch_tokens * blk.in_s;
-  const std::int64_t row_bytes = p.head_dim * static_cast<std::int64_t>(sizeof(T));
   for (std::int64_t h = 0; h < blk.heads; ++h) {
-    if (prefetch) {
-      const auto* line = reinterpret_cast<const char*>(next + h * blk.in_h);
-      for (std::int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(line + o);
-    }
     const T* x = in + h * blk.in_h;
     T* y = out + h * blk.out_h;
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
@@ -545,15 +584,14 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
     const std::int64_t b = t / p.seq, q = t % p.seq;
     const token_angles a = angles_for(p, b, q, scratch);
     const bool full = a.cb != a.ca || a.sb != a.sa;
-    const bool prefetch = t + prefetch_tokens < last && (t + prefetch_tokens) / p.seq == b;
     for (int k = 0; k < p.num_blocks; ++k) {
       const head_block& blk = p.blocks[k];
       const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
       T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
       if (full) {
-        rotate_block_rows<IO, PIn, POut, true>(d, p, blk, in, out, prefetch, a, row_copy);
+        rotate_block_rows<IO, PIn, POut, true>(d, p, blk, in, out, a, row_copy);
       } else {
-        rotate_block_rows<IO, PIn, POut, false>(d, p, blk, in, out, prefetch, a, row_copy);
+        rotate_block_rows<IO, PIn, POut, false>(d, p, blk, in, out, a, row_copy);
       }
     }
   }
@@ -798,6 +836,9 @@ void rope_tokens_impl(const rope_plan& p, std::int64_t first, std::int64_t last,
     case dtype::f16:
       return rope_tokens_typed<f16_io>(p, first, last, chunk);
     case dtype::bf16:
+#ifdef TILEROPE_NATIVE_BF16
+      if (native_bf16()) return rope_tokens_typed<bf16_native_io>(p, first, last, chunk);
+#endif
       return rope_tokens_typed<bf16_io>(p, first, last, chunk);
     default:
       return rope_tokens_typed<f32_io>(p, first, last, chunk);
@@ -810,7 +851,15 @@ void convert_f32_to_16_impl(dtype to, const float* in, std::uint16_t* out, std::
   std::int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     const vf32 v = hn::LoadU(d, in + i);
-    to == dtype::f16 ? f16_io::store(d, v, out + i) : bf16_io::store(d, v, out + i);
+    if (to == dtype::f16) {
+      f16_io::store(d, v, out + i);
+#ifdef TILEROPE_NATIVE_BF16
+    } else if (native_bf16()) {
+      bf16_native_io::store(d, v, out + i);
+#endif
+    } else {
+      bf16_io::store(d, v, out + i);
+    }
   }
   for (; i < n; ++i) out[i] = to == dtype::f16 ? f32_to_f16_bits(in[i]) : f32_to_bf16_bits(in[i]);
 }

@@ -50,7 +50,7 @@ struct rope_plan {
   std::int64_t start = 0;
   // multi-axis positions: frequency i of token s reads ids[axis_of_frequency[i] * ids_axis + s]
   const int* axis_of_frequency = nullptr;
-  std::int64_t ids_axis = 0;
+  std::int64_t ids_axis = 0, num_axes = 0;
 
   // angles: table rows cos[p * table_row], or computed from inv_freq
   const void* cos = nullptr;
@@ -82,6 +82,8 @@ struct rope_plan {
 // max_chunks() * head_dim zeroed doubles; run_rope_cpu adds the chunks into chunk 0.
 void run_rope_cpu(const rope_plan& plan);
 int max_chunks();
+// True when the CPU has AVX512-BF16 (vcvtneps2bf16), read once.
+bool native_bf16();
 
 // Per-target entry points (rope_kernels.cc). `chunk` selects the weight-gradient row.
 void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last, int chunk);

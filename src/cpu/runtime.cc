@@ -159,6 +159,15 @@ constexpr std::int64_t min_parallel_elements = 1 << 18;
 
 int max_chunks() { return num_threads(); }
 
+bool native_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void run_rope_cpu(const rope_plan& plan) {
   apply_env_target();
   const std::int64_t tokens = plan.tokens();
