@@ -51,26 +51,34 @@ def main():
     prefill = [r for r in rows if r["fraction"] is not None and not r["kernel"].endswith("-scale")]
     for shape in dict.fromkeys(r["shape"] for r in prefill):
         group = [r for r in prefill if r["shape"] == shape]
-        labels = [
-            f'{r["kernel"]} {r["dtype"]} {"in" if r["inplace"] else "out"} {r["threads"]}t'
-            for r in group
-        ]
-        fig, ax = plt.subplots(figsize=(max(6, 0.42 * len(group) + 2), 4.8))
-        xs = range(len(group))
-        ax.bar([x - 0.2 for x in xs], [r["gbps"] for r in group], 0.4, label="kernel GB/s")
-        ax.bar([x + 0.2 for x in xs], [r["ceiling_gbps"] for r in group], 0.4,
-               label="ceiling GB/s (same run)", color="#bbbbbb")
-        for x, r in zip(xs, group):
-            ax.text(x, max(r["gbps"], r["ceiling_gbps"]) * 1.02, f'{r["fraction"]:.2f}',
-                    ha="center", fontsize=7)
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(labels, rotation=70, ha="right", fontsize=7)
-        ax.set_ylabel("GB/s (minimum bytes model)")
-        ax.set_title(f"{shape}\nkernel vs ceiling (fraction above each pair)", fontsize=10)
-        ax.legend(fontsize=8)
+        kernels = list(dict.fromkeys(r["kernel"] for r in group))
+        cols = min(3, len(kernels))
+        nrows = (len(kernels) + cols - 1) // cols
+        fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.6 * nrows), squeeze=False)
+        for ax in axes.flat[len(kernels):]:
+            ax.axis("off")
+        for ax, kernel in zip(axes.flat, kernels):
+            sub = [r for r in group if r["kernel"] == kernel]
+            labels = [f'{r["dtype"]} {"in" if r["inplace"] else "out"} {r["threads"]}t'
+                      for r in sub]
+            xs = range(len(sub))
+            ax.bar([x - 0.2 for x in xs], [r["gbps"] for r in sub], 0.4, label="kernel")
+            ax.bar([x + 0.2 for x in xs], [r["ceiling_gbps"] for r in sub], 0.4,
+                   label="ceiling (same run)", color="#bbbbbb")
+            for x, r in zip(xs, sub):
+                ax.text(x, max(r["gbps"], r["ceiling_gbps"]) * 1.02, f'{r["fraction"]:.2f}',
+                        ha="center", fontsize=6)
+            ax.set_xticks(list(xs))
+            ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=6)
+            ax.set_title(kernel, fontsize=9)
+            ax.set_ylabel("GB/s", fontsize=7)
+            ax.tick_params(axis="y", labelsize=7)
+        axes.flat[0].legend(fontsize=7)
+        fig.suptitle(f"{shape}: kernel GB/s against the ceiling, fraction above each pair",
+                     fontsize=10)
         fig.tight_layout()
         path = os.path.join(out_dir, slug(shape) + ".png")
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
 
