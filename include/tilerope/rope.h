@@ -23,7 +23,13 @@
 ///     gptj (adjacent pairs): y[2i]   = x[2i] c_i - x[2i+1] s_i
 ///                           y[2i+1]  = x[2i+1] c_i + x[2i] s_i           i < r/2
 ///
-/// `backward` applies the inverse rotation (s_i -> -s_i): the gradient w.r.t. x of the forward.
+///     gptj, split_half output: y[i] = x[2i] c_i - x[2i+1] s_i
+///                           y[i+r/2] = x[2i+1] c_i + x[2i] s_i           i < r/2
+///
+/// Per-token rows (rope_angles::from_token_rows) may give the second element of each pair its
+/// own cos/sin (full-width rows, as HF's `x * cos + rotate_half(x) * sin` with any cos/sin).
+/// `backward` applies the transpose of the forward, its gradient w.r.t. x: the inverse
+/// rotation (s_i -> -s_i). See docs/variants.md for every variant.
 /// All arithmetic is fp32; f16 / bf16 are converted at load and rounded once at store.
 
 #include <array>

@@ -1,9 +1,17 @@
 // The CPU RoPE kernels: one source, compiled once per SIMD target by Highway's foreach_target,
 // chosen at run time by HWY_DYNAMIC_DISPATCH (runtime.cc can force a target).
 //
-// Per token the cos/sin row is read once into fp32 scratch (sign of sin folded in for
-// backward) and reused across every head of q and of k. Loads convert to fp32, stores round
-// to nearest even once.
+// Every variant is one rotation of pairs: (x_a, x_b) read as halves (i, i + r/2) or adjacent
+// pairs (2i, 2i + 1), written back as halves or adjacent pairs (split-half output and its
+// backward change the layout), with per-token cos/sin for each element of the pair:
+//
+//     y_a = x_a c_a - x_b s_a,     y_b = x_b c_b + x_a s_b       (c_b = c_a, s_b = s_a unless
+//                                                               full-width rows say otherwise)
+//
+// Per token the angles are found once (straight from an fp32 table or row, else into fp32
+// scratch, with the backward's transpose folded in) and reused across every head of q and of
+// k. QK RMSNorm scales each row before it is rotated. Loads convert to fp32, stores round to
+// nearest even once.
 
 #include <algorithm>
 #include <cmath>
