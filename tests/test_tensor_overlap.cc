@@ -71,6 +71,10 @@ TEST(Overlap, SelfOverlapAndSameView) {
   EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 2, 8}, {8, 0, 1})));
   EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 8}, {4, 1})));
   EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 8}, {16, 1})));
+  // strides that do not nest, rows still apart (starts 0, 7, 14, 9, 16, 23) or meeting
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f32, {2, 3, 2}, {9, 7, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {2, 3, 2}, {8, 7, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {2, 3, 3}, {9, 7, 1})));
   const auto a = tensor_view::contiguous(buf, dtype::f32, {4, 8});
   EXPECT_TRUE(same_view(a, tensor_view::contiguous(buf, dtype::f32, {4, 8})));
   EXPECT_FALSE(same_view(a, tensor_view::contiguous(buf, dtype::f32, {8, 4})));

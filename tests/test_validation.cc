@@ -531,3 +531,46 @@ TEST(Validation, QkNormBackward) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace tilerope;
+
+TEST(Validation, OffsetOverflowAndEpsRange) {
+  expect_rejected(
+      [](fixture& f) {
+        f.positions = rope_positions::from_offset(std::numeric_limits<std::int64_t>::max() - 2);
+      },
+      {"position offset (9223372036854775805) + 5 tokens overflows int64"});
+  expect_rejected(
+      [](fixture& f) {
+        f.mode = fixture::call::qk_norm;
+        f.norm.eps = 1e-50;
+      },
+      {"eps (1e-50)", "normal fp32"});
+  expect_rejected(
+      [](fixture& f) {
+        f.mode = fixture::call::qk_norm;
+        f.norm.eps = 1e39;
+      },
+      {"eps (1e+39)"});
+}
+
+TEST(Validation, BackwardNamesItsOwnArguments) {
+  using call = fixture::call;
+  auto back = [](std::function<void(fixture&)> also) {
+    return [also](fixture& f) {
+      f.mode = call::qk_norm_backward;
+      also(f);
+    };
+  };
+  expect_rejected(back([](fixture& f) { f.grads.dq_out.rank = 2; }), {"dq_out must have rank 3"});
+  expect_rejected(back([](fixture& f) { f.grads.dq->shape[0] = 4; }),
+                  {"dq shape [4, 4, 64] must equal dq_out shape [5, 4, 64]"});
+  expect_rejected(back([](fixture& f) { f.grads.dk_out->shape[2] = 32; }),
+                  {"dk_out head_dim (32) must equal dq_out head_dim (64)"});
+  expect_rejected(back([](fixture& f) { f.grads.q.type = dtype::f16; }),
+                  {"q dtype (f16) must match dq_out dtype (f32)"});
+}
+
+}  // namespace

@@ -25,8 +25,10 @@ enum class qk_norm_rounding {
   fp32_once,
   /// As HF transformers' Qwen3 computes in the x dtype: the normalised x rounded to it, the
   /// weight product rounded to it, then x*cos and rotate_half(x)*sin each rounded and their
-  /// sum rounded. For f32 x this is ordinary fp32 arithmetic. Matches a PyTorch reference
-  /// to within one ulp of the x dtype (the mean of squares is summed in another order).
+  /// sum rounded. For f32 x this is ordinary fp32 arithmetic, no fused multiply-add. Only the
+  /// mean of squares is summed in another order than PyTorch's: where that changes the
+  /// normalisation by an ulp the result moves by about an ulp, more where x*cos and
+  /// rotate_half(x)*sin nearly cancel.
   hf_qwen3,
 };
 std::string_view to_string(qk_norm_rounding r);
@@ -37,7 +39,8 @@ qk_norm_rounding qk_norm_rounding_from_string(std::string_view name);
 struct qk_norm {
   tensor_view q_weight;                 ///< [D]
   std::optional<tensor_view> k_weight;  ///< [D]; required when k is given
-  double eps = 1e-6;                    ///< finite, >= 0
+  double eps = 1e-6;  ///< 0 or a normal fp32 value; added to the fp32 mean of squares, so a
+                      ///< row of zeros with eps = 0 gives NaN (as in HF)
   qk_norm_rounding rounding = qk_norm_rounding::fp32_once;
 };
 
@@ -60,8 +63,8 @@ struct qk_norm_rope_grad_tensors {
 };
 
 /// Gradients of qk_norm_rope_apply (fp32_once) w.r.t. x and the weights, in fp32 (weight
-/// gradients summed in fp64 over tokens and heads). With g = dL/dy, r = (mean(x^2) + eps)^-1/2
-/// and dh = rope_backward(g):
+/// gradients summed in fp32 over the heads of a token, then in fp64 over tokens). With g = dL/dy, r
+/// = (mean(x^2) + eps)^-1/2 and dh = rope_backward(g):
 ///
 ///     dx_j = r w_j dh_j - x_j r^3 / D * sum_k(w_k dh_k x_k)
 ///     dw_j = sum over tokens and heads of dh_j x_j r

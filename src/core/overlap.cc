@@ -134,9 +134,27 @@ bool views_share_memory(const tensor_view& a, const tensor_view& b) {
 bool view_overlaps_itself(const tensor_view& v) {
   if (v.numel() <= 1) return false;
   const byte_layout l = layout_of(v);
-  // Sorted by stride, rows are distinct iff every stride clears the span of the dims inside it.
-  for (int i = l.rank - 1; i >= 0; --i) {
-    if (l.stride[i] < span(l, i + 1)) return true;
+  // Sorted by stride, rows are distinct when every stride clears the span of the dims inside
+  // it: the common case, decided at once.
+  bool nested = true;
+  for (int i = l.rank - 1; i >= 0 && nested; --i) nested = l.stride[i] >= span(l, i + 1);
+  if (nested) return false;
+  // Otherwise the rows may still interleave without meeting ([2, 3, 2] with strides {9, 7, 1}):
+  // every row start, sorted, against the next one. Past max_rows rows the answer stays "may
+  // overlap" (an error), which only views with unusual strides and millions of rows reach.
+  constexpr std::int64_t max_rows = std::int64_t{1} << 22;
+  std::int64_t rows = 1;
+  for (int i = 0; i < l.rank; ++i) {
+    if (l.stride[i] == 0) return true;  // a repeated row
+    rows *= l.n[i];
+    if (rows > max_rows) return true;
+  }
+  std::vector<std::int64_t> starts;
+  starts.reserve(static_cast<std::size_t>(rows));
+  collect_rows(l, 0, l.base, starts);
+  std::sort(starts.begin(), starts.end());
+  for (std::size_t i = 1; i < starts.size(); ++i) {
+    if (starts[i] < starts[i - 1] + l.row) return true;
   }
   return false;
 }

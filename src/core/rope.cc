@@ -4,6 +4,7 @@
 #include "tilerope/rope.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "core/overlap.h"
@@ -183,10 +184,11 @@ void check_x(const char* name, const tensor_view& v) {
   check_data(name, v);
 }
 
-void check_same_dtype(const char* name, const tensor_view& v, const tensor_view& q) {
+void check_same_dtype(const char* name, const tensor_view& v, const tensor_view& q,
+                      const char* q_name = "q") {
   if (v.type != q.type) {
-    throw error(std::string(name) + " dtype (" + std::string(to_string(v.type)) +
-                ") must match q dtype (" + std::string(to_string(q.type)) + ")");
+    throw error(std::string(name) + " dtype (" + std::string(to_string(v.type)) + ") must match " +
+                q_name + " dtype (" + std::string(to_string(q.type)) + ")");
   }
 }
 
@@ -200,22 +202,32 @@ void check_same_shape(const char* name, const tensor_view& v, const char* of,
   }
 }
 
-void check_k(const tensor_view& k, const tensor_view& q) {
-  check_x("k", k);
-  check_same_dtype("k", k, q);
+// The names errors give the four x tensors: q, k, q_out, k_out for a forward; the backward's
+// dq_out, dk_out, dq, dk.
+struct x_names {
+  const char* q = "q";
+  const char* k = "k";
+  const char* q_out = "q_out";
+  const char* k_out = "k_out";
+};
+
+void check_k(const tensor_view& k, const tensor_view& q, const x_names& n) {
+  const std::string kn = n.k, qn = n.q;
+  check_x(n.k, k);
+  check_same_dtype(n.k, k, q, n.q);
   if (k.rank != q.rank) {
-    throw error("k rank (" + num(k.rank) + ") " + k.shape_string() + " must equal q rank (" +
-                num(q.rank) + ") " + q.shape_string());
+    throw error(kn + " rank (" + num(k.rank) + ") " + k.shape_string() + " must equal " + qn +
+                " rank (" + num(q.rank) + ") " + q.shape_string());
   }
   for (int i = 0; i + 2 < q.rank; ++i) {
     if (k.shape[i] != q.shape[i]) {
-      throw error("k token dims " + k.shape_string() + " must match q " + q.shape_string() +
-                  " in every dim but heads");
+      throw error(kn + " token dims " + k.shape_string() + " must match " + qn + " " +
+                  q.shape_string() + " in every dim but heads");
     }
   }
   if (k.shape[k.rank - 1] != q.shape[q.rank - 1]) {
-    throw error("k head_dim (" + num(k.shape[k.rank - 1]) + ") must equal q head_dim (" +
-                num(q.shape[q.rank - 1]) + ")");
+    throw error(kn + " head_dim (" + num(k.shape[k.rank - 1]) + ") must equal " + qn +
+                " head_dim (" + num(q.shape[q.rank - 1]) + ")");
   }
 }
 
@@ -228,7 +240,13 @@ std::int64_t check_positions(const rope_positions& p, const tensor_view& q, toke
                              std::int64_t half) {
   if (p.from == rope_positions::source::offset) {
     if (p.start < 0) throw error("position offset (" + num(p.start) + ") must be >= 0");
-    return t.seq > 0 && t.batch > 0 ? p.start + t.seq - 1 : -1;
+    if (t.seq == 0 || t.batch == 0) return -1;
+    std::int64_t last = 0;
+    if (__builtin_add_overflow(p.start, t.seq - 1, &last)) {
+      throw error("position offset (" + num(p.start) + ") + " + num(t.seq) +
+                  " tokens overflows int64");
+    }
+    return last;
   }
   const tensor_view& ids = p.ids;
   if (ids.type != dtype::i32 && ids.type != dtype::i64) {
@@ -459,7 +477,7 @@ struct plan_storage {
 // Validates a rotation of x (everything but overlaps) and fills the plan.
 void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions& positions,
                    const rope_angles& angles, const rope_options& options, detail::rope_plan& plan,
-                   plan_storage& st) {
+                   plan_storage& st, const x_names& n = {}) {
   if (style != rope_style::neox && style != rope_style::gptj) {
     throw error("style (" + num(static_cast<int>(style)) + ") is not a rope_style");
   }
@@ -469,18 +487,20 @@ void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions
                 ") is not a rope_output_layout");
   }
   const tensor_view& q = x.q;
-  check_x("q", q);
-  if (x.k) check_k(*x.k, q);
-  if (x.k_out && !x.k) throw error("k_out is given but k is not");
+  check_x(n.q, q);
+  if (x.k) check_k(*x.k, q, n);
+  if (x.k_out && !x.k) {
+    throw error(std::string(n.k_out) + " is given but " + n.k + " is not");
+  }
   if (x.q_out) {
-    check_x("q_out", *x.q_out);
-    check_same_dtype("q_out", *x.q_out, q);
-    check_same_shape("q_out", *x.q_out, "q", q);
+    check_x(n.q_out, *x.q_out);
+    check_same_dtype(n.q_out, *x.q_out, q, n.q);
+    check_same_shape(n.q_out, *x.q_out, n.q, q);
   }
   if (x.k_out) {
-    check_x("k_out", *x.k_out);
-    check_same_dtype("k_out", *x.k_out, q);
-    check_same_shape("k_out", *x.k_out, "k", *x.k);
+    check_x(n.k_out, *x.k_out);
+    check_same_dtype(n.k_out, *x.k_out, q, n.q);
+    check_same_shape(n.k_out, *x.k_out, n.k, *x.k);
   }
   const std::int64_t head_dim = q.shape[q.rank - 1];
   const std::int64_t rotary_dim = options.rotary_dim == 0 ? head_dim : options.rotary_dim;
@@ -616,6 +636,13 @@ void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan, plan_st
   if (!std::isfinite(norm.eps) || norm.eps < 0) {
     throw error("eps (" + std::to_string(norm.eps) + ") must be finite and >= 0");
   }
+  // the mean of squares and eps are added in fp32, as HF's RMSNorm does
+  if (norm.eps != 0 && !(norm.eps >= 0x1p-126 && norm.eps <= 0x1.fffffep127)) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", norm.eps);
+    throw error(std::string("eps (") + text +
+                ") must be 0 or a normal fp32 value, in [1.18e-38, 3.4e38]");
+  }
   if (norm.rounding != qk_norm_rounding::fp32_once && norm.rounding != qk_norm_rounding::hf_qwen3) {
     throw error("rounding (" + num(static_cast<int>(norm.rounding)) +
                 ") is not a qk_norm_rounding");
@@ -736,7 +763,7 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
   back.backward = true;
   detail::rope_plan plan;
   plan_storage st;
-  plan_rotation(style, r, positions, angles, back, plan, st);
+  plan_rotation(style, r, positions, angles, back, plan, st, {"dq_out", "dk_out", "dq", "dk"});
   plan_norm(norm, has_k, plan, st);
   const std::int64_t D = plan.head_dim;
   const std::pair<const char*, const tensor_view*> inputs[2] = {{"q", &g.q},
@@ -747,7 +774,7 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
     const tensor_view& xin = *inputs[k].second;
     const tensor_view& dy = k == 0 ? g.dq_out : *g.dk_out;
     check_x(inputs[k].first, xin);
-    check_same_dtype(inputs[k].first, xin, g.dq_out);
+    check_same_dtype(inputs[k].first, xin, dy, k == 0 ? "dq_out" : "dk_out");
     check_same_shape(inputs[k].first, xin, k == 0 ? "dq_out" : "dk_out", dy);
     const tensor_view& w = *weights[k].second;
     if (w.rank != 1 || w.shape[0] != D || w.type != dtype::f32) {
