@@ -320,9 +320,16 @@ HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out:
 // before any store (so in place reads only original values) and stored last, with plain
 // stores (it is not aligned); overlapped pairs get the same value twice. Rows shorter than one
 // vector go through zero-padded copies: nothing is read or written past the row.
-template <class In, class Out, pairs PIn, pairs POut, bool RoundEach, bool Full>
+// `pre(v, second, i)` transforms each loaded vector before the rotation (the identity, or
+// QK RMSNorm's x r w); `second` tells the pair's second elements from its first.
+struct no_pre {
+  HWY_INLINE vf32 operator()(vf32 v, bool, std::int64_t) const { return v; }
+};
+
+template <class In, class Out, pairs PIn, pairs POut, bool RoundEach, bool Full, class Pre = no_pre>
 HWY_INLINE void rotate_whole_vectors(df32 d, const typename In::storage* x,
-                                     typename Out::storage* y, token_angles a, std::int64_t half) {
+                                     typename Out::storage* y, token_angles a, std::int64_t half,
+                                     Pre pre = {}) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t last = half - n;
   const bool overlap = half % n != 0;
@@ -330,10 +337,14 @@ HWY_INLINE void rotate_whole_vectors(df32 d, const typename In::storage* x,
   if (overlap) {
     vf32 xa, xb;
     load_pair<In, PIn>(d, x, last, half, xa, xb);
-    rotate_vectors<Out, RoundEach, Full>(d, xa, xb, last, a, ta, tb);
+    rotate_vectors<Out, RoundEach, Full>(d, pre(xa, false, last), pre(xb, true, last), last, a, ta,
+                                         tb);
   }
   for (std::int64_t i = 0; i + n <= half; i += n) {
-    rotate_step<In, Out, PIn, POut, RoundEach, Full>(d, x, y, i, half, a);
+    vf32 xa, xb, ya, yb;
+    load_pair<In, PIn>(d, x, i, half, xa, xb);
+    rotate_vectors<Out, RoundEach, Full>(d, pre(xa, false, i), pre(xb, true, i), i, a, ya, yb);
+    store_pair<Out, POut>(d, ya, yb, y, i, half);
   }
   if (overlap) store_pair<typename Out::plain, POut>(d, ta, tb, y, last, half);
 }
@@ -636,31 +647,16 @@ HWY_INLINE vf32 normalised(df32 d, vf32 x, vf32 r, const float* w, std::int64_t 
 }
 
 // One row of QK RMSNorm + RoPE with r/2 >= one vector: each vector of pairs is normalised in
-// registers and rotated (the last, overlapping vector first, as rotate_whole_vectors does).
+// registers and rotated.
 template <class IO, pairs PIn, pairs POut, bool HfRound, bool Full>
 HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename IO::storage* y,
                                 const token_angles& a, std::int64_t half, float r, const float* wa,
                                 const float* wb) {
-  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   const vf32 rv = hn::Set(d, r);
-  const std::int64_t last = half - n;
-  const bool overlap = half % n != 0;
-  vf32 ta = hn::Zero(d), tb = hn::Zero(d);
-  if (overlap) {
-    vf32 xa, xb;
-    load_pair<IO, PIn>(d, x, last, half, xa, xb);
-    rotate_vectors<IO, HfRound, Full>(d, normalised<IO, HfRound>(d, xa, rv, wa, last),
-                                      normalised<IO, HfRound>(d, xb, rv, wb, last), last, a, ta,
-                                      tb);
-  }
-  for (std::int64_t i = 0; i + n <= half; i += n) {
-    vf32 xa, xb, ya, yb;
-    load_pair<IO, PIn>(d, x, i, half, xa, xb);
-    rotate_vectors<IO, HfRound, Full>(d, normalised<IO, HfRound>(d, xa, rv, wa, i),
-                                      normalised<IO, HfRound>(d, xb, rv, wb, i), i, a, ya, yb);
-    store_pair<IO, POut>(d, ya, yb, y, i, half);
-  }
-  if (overlap) store_pair<IO, POut>(d, ta, tb, y, last, half);
+  rotate_whole_vectors<IO, IO, PIn, POut, HfRound, Full>(
+      d, x, y, a, half, [&](vf32 v, bool second, std::int64_t i) {
+        return normalised<IO, HfRound>(d, v, rv, second ? wb : wa, i);
+      });
 }
 
 // QK RMSNorm + RoPE: the mean of squares over the row, then normalise and rotate in one pass
