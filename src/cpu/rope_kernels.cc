@@ -262,6 +262,7 @@ struct token_angles {
   const float* sa;
   const float* cb;
   const float* sb;
+  bool full = false;  // cb, sb differ from ca, sa: four angle vectors per step, not two
 };
 
 template <class IO, pairs P>
@@ -354,10 +355,10 @@ void rotate_row(df32 d, const typename In::storage* x, typename Out::storage* y,
                 std::int64_t half) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   if (half >= n) {
-    if (a.cb == a.ca && a.sb == a.sa) {
-      rotate_whole_vectors<In, Out, PIn, POut, RoundEach, false>(d, x, y, a, half);
-    } else {
+    if (a.full) {
       rotate_whole_vectors<In, Out, PIn, POut, RoundEach, true>(d, x, y, a, half);
+    } else {
+      rotate_whole_vectors<In, Out, PIn, POut, RoundEach, false>(d, x, y, a, half);
     }
     return;
   }
@@ -374,7 +375,7 @@ void rotate_row(df32 d, const typename In::storage* x, typename Out::storage* y,
     at[2][j] = a.cb[j];
     at[3][j] = a.sb[j];
   }
-  const token_angles t{at[0], at[1], at[2], at[3]};
+  const token_angles t{at[0], at[1], at[2], at[3], true};
   rotate_step<In, typename Out::plain, pairs::halves, pairs::halves, RoundEach>(d, xt, yt, 0, n, t);
   for (std::int64_t j = 0; j < half; ++j) {
     y[first(POut, j)] = yt[j];
@@ -384,18 +385,20 @@ void rotate_row(df32 d, const typename In::storage* x, typename Out::storage* y,
 
 // ---- per-token angles ------------------------------------------------------------------------
 
-std::int64_t position_of(const rope_plan& p, std::int64_t b, std::int64_t s) {
-  if (p.ids == nullptr) return p.start + s;
-  const std::int64_t at = b * p.ids_b + s * p.ids_s;
+// Position id number `at` (i32 or i64).
+std::int64_t id_at(const rope_plan& p, std::int64_t at) {
   return p.ids_type == dtype::i32 ? static_cast<const std::int32_t*>(p.ids)[at]
                                   : static_cast<const std::int64_t*>(p.ids)[at];
 }
 
+std::int64_t position_of(const rope_plan& p, std::int64_t b, std::int64_t s) {
+  if (p.ids == nullptr) return p.start + s;
+  return id_at(p, b * p.ids_b + s * p.ids_s);
+}
+
 // Multi-axis positions (MRoPE, 2D vision): frequency i reads the position of its own axis.
 std::int64_t axis_position_of(const rope_plan& p, std::int64_t i, std::int64_t s) {
-  const std::int64_t at = p.axis_of_frequency[i] * p.ids_axis + s;
-  return p.ids_type == dtype::i32 ? static_cast<const std::int32_t*>(p.ids)[at]
-                                  : static_cast<const std::int64_t*>(p.ids)[at];
+  return id_at(p, p.axis_of_frequency[i] * p.ids_axis + s);
 }
 
 // The x dtype's rounding of an fp32 value (hf_compat keeps its tables in the x dtype).
@@ -444,7 +447,7 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
         (!full || p.table_pairs == pairs::halves)) {
       const float* c = static_cast<const float*>(p.rows_cos) + base;
       const float* sn = static_cast<const float*>(p.rows_sin) + base;
-      return full ? token_angles{c, sn, c + half, sn + half} : token_angles{c, sn, c, sn};
+      return full ? token_angles{c, sn, c + half, sn + half, true} : token_angles{c, sn, c, sn};
     }
     for (std::int64_t i = 0; i < half; ++i) {
       const std::int64_t plane = p.axis_of_frequency ? p.axis_of_frequency[i] : 0;
@@ -467,12 +470,9 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
       const float* crow[4];
       const float* srow[4];
       for (std::int64_t ax = 0; ax < p.num_axes; ++ax) {
-        const std::int64_t at = ax * p.ids_axis + s;
-        const std::int64_t pos = p.ids_type == dtype::i32
-                                     ? static_cast<const std::int32_t*>(p.ids)[at]
-                                     : static_cast<const std::int64_t*>(p.ids)[at];
-        crow[ax] = static_cast<const float*>(p.cos) + pos * p.table_row;
-        srow[ax] = static_cast<const float*>(p.sin) + pos * p.table_row;
+        const std::int64_t row = id_at(p, ax * p.ids_axis + s) * p.table_row;
+        crow[ax] = static_cast<const float*>(p.cos) + row;
+        srow[ax] = static_cast<const float*>(p.sin) + row;
       }
       for (std::int64_t i = 0; i < half; ++i) {
         ca[i] = crow[p.axis_of_frequency[i]][i];
@@ -533,7 +533,7 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
       sb[i] = -first;
     }
   }
-  return token_angles{ca, sa, cb, sb};
+  return token_angles{ca, sa, cb, sb, true};
 }
 
 // Per-thread scratch: 4 * r/2 angles, then two rows of head_dim fp32.
@@ -564,6 +564,19 @@ void for_each_row(const rope_plan& p, std::int64_t first, std::int64_t last, flo
   }
 }
 
+// In place with a changed layout (split-half and its backward), a row is read whole before it
+// is written: x is then the row's copy in `row_copy`.
+template <pairs PIn, pairs POut, class T>
+HWY_INLINE const T* readable_row(const T* x, const T* y, T* row_copy, std::int64_t rotary) {
+  if constexpr (PIn != POut) {
+    if (x == y) {
+      std::memcpy(row_copy, x, static_cast<std::size_t>(rotary) * sizeof(T));
+      return row_copy;
+    }
+  }
+  return x;
+}
+
 // The heads of one block (q or k) of one token. Full (four angle vectors or two) is decided
 // once per token.
 template <class IO, pairs PIn, pairs POut, bool Full>
@@ -578,13 +591,7 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
     const T* x = in + h * blk.in_h;
     T* y = out + h * blk.out_h;
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
-    if constexpr (PIn != POut) {
-      // in place with a changed layout: the row is read whole before it is written
-      if (x == y) {
-        std::memcpy(row_copy, x, static_cast<std::size_t>(rotary) * sizeof(T));
-        x = row_copy;
-      }
-    }
+    x = readable_row<PIn, POut>(x, y, row_copy, rotary);
     if (whole) {
       rotate_whole_vectors<IO, IO, PIn, POut, false, Full>(d, x, y, a, half);
     } else {
@@ -602,12 +609,11 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
   for (std::int64_t t = first; t < last; ++t) {
     const std::int64_t b = t / p.seq, q = t % p.seq;
     const token_angles a = angles_for(p, b, q, scratch);
-    const bool full = a.cb != a.ca || a.sb != a.sa;
     for (int k = 0; k < p.num_blocks; ++k) {
       const head_block& blk = p.blocks[k];
       const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
       T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
-      if (full) {
+      if (a.full) {
         rotate_block_rows<IO, PIn, POut, true>(d, p, blk, in, out, a, row_copy);
       } else {
         rotate_block_rows<IO, PIn, POut, false>(d, p, blk, in, out, a, row_copy);
@@ -633,8 +639,6 @@ float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
   }
   return sum;
 }
-
-float scalar_round(dtype t, float v) { return round_to(t, v); }
 
 // x r w for one vector of pair elements (w: the weights of those elements, in pair order).
 template <class IO, bool HfRound>
@@ -672,44 +676,32 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
   float* h = scratch + 2 * rotary;
   T* row_copy = reinterpret_cast<T*>(h + D);
   const float inv_d = 1.0f / static_cast<float>(D);
-  for_each_row<T>(
-      p, first, last, scratch,
-      [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk, std::int64_t,
-          const T* x, T* y) {
-        const float mean = sum_of_squares<IO>(d, x, D) * inv_d;
-        const float r = 1.0f / std::sqrt(mean + p.eps);
-        for (std::int64_t j = rotary; j < D; ++j) {  // pass-through dims: normalised only
-          float n = IO::load1(x + j) * r;
-          if constexpr (HfRound) n = scalar_round(p.x_type, n);
-          float hw = n * blk.weight[j];
-          if constexpr (HfRound) hw = scalar_round(p.x_type, hw);
-          IO::store1(hw, y + j);
-        }
-        if (whole) {
-          if constexpr (PIn != POut) {
-            if (x == y) {  // in place with a changed layout: the row is read whole first
-              std::memcpy(row_copy, x, static_cast<std::size_t>(rotary) * sizeof(T));
-              x = row_copy;
-            }
-          }
-          if (a.cb == a.ca && a.sb == a.sa) {
-            norm_rotate_row<IO, PIn, POut, HfRound, false>(d, x, y, a, half, r, blk.weight_a,
-                                                           blk.weight_b);
-          } else {
-            norm_rotate_row<IO, PIn, POut, HfRound, true>(d, x, y, a, half, r, blk.weight_a,
-                                                          blk.weight_b);
-          }
-          return;
-        }
-        for (std::int64_t j = 0; j < rotary; ++j) {
-          float n = IO::load1(x + j) * r;
-          if constexpr (HfRound) n = scalar_round(p.x_type, n);
-          float hw = n * blk.weight[j];
-          if constexpr (HfRound) hw = scalar_round(p.x_type, hw);
-          h[j] = hw;
-        }
-        rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
-      });
+  for_each_row<T>(p, first, last, scratch,
+                  [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
+                      std::int64_t, const T* x, T* y) {
+                    const float mean = sum_of_squares<IO>(d, x, D) * inv_d;
+                    const float r = 1.0f / std::sqrt(mean + p.eps);
+                    auto normalised1 = [&](std::int64_t j) {  // x r w of element j, scalar
+                      float n = IO::load1(x + j) * r;
+                      if constexpr (HfRound) n = round_to(p.x_type, n);
+                      const float hw = n * blk.weight[j];
+                      return HfRound ? round_to(p.x_type, hw) : hw;
+                    };
+                    for (std::int64_t j = rotary; j < D; ++j)
+                      IO::store1(normalised1(j), y + j);  // pass dims
+                    if (!whole) {
+                      for (std::int64_t j = 0; j < rotary; ++j) h[j] = normalised1(j);
+                      return rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
+                    }
+                    x = readable_row<PIn, POut>(x, y, row_copy, rotary);
+                    if (a.full) {
+                      norm_rotate_row<IO, PIn, POut, HfRound, true>(d, x, y, a, half, r,
+                                                                    blk.weight_a, blk.weight_b);
+                    } else {
+                      norm_rotate_row<IO, PIn, POut, HfRound, false>(d, x, y, a, half, r,
+                                                                     blk.weight_a, blk.weight_b);
+                    }
+                  });
 }
 
 // Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts):

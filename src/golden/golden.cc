@@ -73,47 +73,6 @@ tolerance tolerance_for(dtype t) {
   }
 }
 
-void rope(rope_style style, bool backward, std::int64_t tokens, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t rotary_dim, const double* cos, const double* sin,
-          const double* x, double* y) {
-  const std::int64_t half = rotary_dim / 2;
-  const double sign = backward ? -1.0 : 1.0;
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    for (std::int64_t h = 0; h < heads; ++h) {
-      const double* xr = x + (t * heads + h) * head_dim;
-      double* yr = y + (t * heads + h) * head_dim;
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double c = cos[t * half + i];
-        const double s = sign * sin[t * half + i];
-        const std::int64_t a = style == rope_style::neox ? i : 2 * i;
-        const std::int64_t b = style == rope_style::neox ? i + half : 2 * i + 1;
-        yr[a] = xr[a] * c - xr[b] * s;
-        yr[b] = xr[b] * c + xr[a] * s;
-      }
-      for (std::int64_t d = rotary_dim; d < head_dim; ++d) yr[d] = xr[d];
-    }
-  }
-}
-
-void rope_row_hf(rope_style style, std::int64_t head_dim, std::int64_t rotary_dim,
-                 const double* cos, const double* sin, const double* x, double* y) {
-  const std::int64_t half = rotary_dim / 2;
-  std::vector<double> c(rotary_dim), s(rotary_dim), rot(rotary_dim);
-  for (std::int64_t j = 0; j < rotary_dim; ++j) {
-    if (style == rope_style::neox) {  // cat(freqs, freqs); rotate_half = cat(-x2, x1)
-      c[j] = cos[j % half];
-      s[j] = sin[j % half];
-      rot[j] = j < half ? -x[j + half] : x[j - half];
-    } else {  // repeat_interleave(freqs, 2); rotate_every_two = stack(-x_odd, x_even)
-      c[j] = cos[j / 2];
-      s[j] = sin[j / 2];
-      rot[j] = j % 2 == 0 ? -x[j + 1] : x[j - 1];
-    }
-  }
-  for (std::int64_t j = 0; j < rotary_dim; ++j) y[j] = x[j] * c[j] + rot[j] * s[j];
-  for (std::int64_t j = rotary_dim; j < head_dim; ++j) y[j] = x[j];
-}
-
 void rope_full(std::int64_t rows, std::int64_t D, const double* x,
                const std::vector<const double*>& cos_rows,
                const std::vector<const double*>& sin_rows, double* y) {

@@ -1,6 +1,6 @@
 #pragma once
 // The fp64 golden: plain scalar loops straight from the formulas. It shares no code with the
-// kernels (only the rope_style enum), so that agreement between the two means something.
+// kernels (only the dtype enum), so that agreement between the two means something.
 
 #include <cstdint>
 #include <functional>
@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "tilerope/dtype.h"
-#include "tilerope/rope.h"
 
 namespace tilerope::golden {
 
@@ -18,14 +17,6 @@ std::vector<double> inv_freq(std::int64_t rotary_dim, double theta);
 // cos/sin rows for the given positions: out[t * half + i] = cos(pos[t] * inv_freq[i]).
 void angles(const std::vector<double>& inv_freq, const std::vector<std::int64_t>& positions,
             std::vector<double>& cos, std::vector<double>& sin);
-
-// x, y: [tokens, heads, head_dim] dense; cos, sin: [tokens, rotary_dim/2].
-//   neox: y[i] = x[i] c - x[i+h] s,   y[i+h] = x[i+h] c + x[i] s      (h = rotary_dim/2)
-//   gptj: y[2i] = x[2i] c - x[2i+1] s, y[2i+1] = x[2i+1] c + x[2i] s
-// backward uses -s. Dims >= rotary_dim are copied.
-void rope(rope_style style, bool backward, std::int64_t tokens, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t rotary_dim, const double* cos, const double* sin,
-          const double* x, double* y);
 
 // HF transformers' fp32 angles: inv_freq = fp32(1 / fp32(theta ^ fp32(2i/d))), angle =
 // fp32(fp32(p) * inv_freq), cos/sin rounded to fp32 and then to the x dtype (f32, f16 or bf16,
@@ -44,12 +35,6 @@ struct tolerance {
   double atol, rtol;
 };
 tolerance tolerance_for(dtype t);
-
-// HF transformers' rotate_half formula on one row, written the HF way: x * cat(c, c) +
-// rotate_half(x) * cat(s, s), for neox; the pairwise form for gptj. Used as a second spelling
-// of the same math in the golden's own tests.
-void rope_row_hf(rope_style style, std::int64_t head_dim, std::int64_t rotary_dim,
-                 const double* cos, const double* sin, const double* x, double* y);
 
 // ---- the source material's variants, with full-width tables as its goldens take them -------
 
