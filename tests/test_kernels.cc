@@ -89,6 +89,42 @@ TEST(Kernels, SweepMatchesGolden) {
   EXPECT_EQ(n, 2 * 3 * 15 * 4);
 }
 
+// QK RMSNorm + RoPE over head dims whose half is shorter than a vector on some targets (the
+// fp32 row path) or leaves an overlapping last vector, with partial rotary, both roundings,
+// split-half output and the backward.
+TEST(Kernels, QkNormSweepMatchesGolden) {
+  std::uint64_t seed = 900;
+  int n = 0;
+  for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    for (auto [d, r] : std::vector<std::pair<int, int>>{
+             {6, 6}, {10, 10}, {20, 20}, {34, 30}, {40, 40}, {80, 80}, {96, 64}}) {
+      for (int variant = 0; variant < 5; ++variant) {
+        rope_case c;
+        c.name = "qknorm-sweep";
+        c.qk_norm = true;
+        c.x_type = t;
+        c.head_dim = d;
+        c.rotary_dim = r;
+        c.tokens = 1 + (variant * 3 + d) % 7;
+        c.q_heads = 2 + variant % 2;
+        c.k_heads = variant == 4 ? 0 : 1;
+        c.inplace = variant % 2 == 0;
+        if (variant == 1) c.norm_rounding = qk_norm_rounding::hf_qwen3;
+        if (variant == 2 || variant == 4) {
+          c.style = rope_style::gptj;
+          c.output_layout = rope_output_layout::split_half;
+        }
+        c.backward = variant >= 3;
+        c.seed = seed++;
+        const auto res = cli::run_case(c);
+        EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant;
+        ++n;
+      }
+    }
+  }
+  EXPECT_EQ(n, 3 * 7 * 5);
+}
+
 // Position 0 is the identity, bit for bit, in every dtype.
 TEST(Kernels, PositionZeroIsIdentity) {
   for (auto style : {rope_style::neox, rope_style::gptj}) {
