@@ -486,7 +486,22 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
         crow[ax] = static_cast<const float*>(p.cos) + row;
         srow[ax] = static_cast<const float*>(p.sin) + row;
       }
-      for (std::int64_t i = 0; i < half; ++i) {
+      // whole vectors of frequencies: the row of axis 0, then each other axis where it owns i
+      const hn::RebindToSigned<df32> di;
+      const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+      std::int64_t i = 0;
+      for (; i + lanes <= half; i += lanes) {
+        const auto axis = hn::LoadU(di, p.axis_of_frequency + i);
+        vf32 c = hn::LoadU(d, crow[0] + i), sn = hn::LoadU(d, srow[0] + i);
+        for (std::int64_t ax = 1; ax < p.num_axes; ++ax) {
+          const auto mine = hn::RebindMask(d, hn::Eq(axis, hn::Set(di, static_cast<int>(ax))));
+          c = hn::IfThenElse(mine, hn::LoadU(d, crow[ax] + i), c);
+          sn = hn::IfThenElse(mine, hn::LoadU(d, srow[ax] + i), sn);
+        }
+        hn::StoreU(c, d, ca + i);
+        hn::StoreU(sn, d, sa + i);
+      }
+      for (; i < half; ++i) {
         ca[i] = crow[p.axis_of_frequency[i]][i];
         sa[i] = srow[p.axis_of_frequency[i]][i];
       }
@@ -556,26 +571,6 @@ float* thread_scratch(const rope_plan& p) {
   return scratch.data();
 }
 
-// Visits every head row of tokens [first, last): fn(b, s, angles, block, head, x, y) with x
-// and y the row's input and output. No software prefetch: the hardware prefetchers follow
-// these streams, and prefetching the rows two tokens ahead measured slower (docs/benchmarks.md).
-template <class T, class Fn>
-void for_each_row(const rope_plan& p, std::int64_t first, std::int64_t last, float* angle_scratch,
-                  Fn&& fn) {
-  for (std::int64_t t = first; t < last; ++t) {
-    const std::int64_t b = t / p.seq, q = t % p.seq;
-    const token_angles a = angles_for(p, b, q, angle_scratch);
-    for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
-      const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
-      T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
-      for (std::int64_t h = 0; h < blk.heads; ++h) {
-        fn(b, q, a, blk, h, in + h * blk.in_h, out + h * blk.out_h);
-      }
-    }
-  }
-}
-
 // In place with a changed layout (split-half and its backward), a row is read whole before it
 // is written: x is then the row's copy in `row_copy`.
 template <pairs PIn, pairs POut, class T>
@@ -612,6 +607,9 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   }
 }
 
+// Tokens [first, last): the angles once per token, then every head row of q and of k. No
+// software prefetch: the hardware prefetchers follow these streams, and prefetching the rows
+// two tokens ahead measured slower (docs/benchmarks.md).
 template <class IO, pairs PIn, pairs POut>
 void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
@@ -742,9 +740,11 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
   }
 }
 
-// Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts):
-// dh = rope_backward(g), then through the normalisation. Weight-gradient terms are summed in
-// fp32 over the heads of one token, then added into the fp64 accumulator.
+// Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts), per token
+// and block in groups of four heads: first, for each head of the group, dh = rope_backward(g)
+// and the row's two sums (x.x and w dh.x), then through the normalisation. As in the forward,
+// the sums of a group overlap instead of each row waiting on its own. Weight-gradient terms
+// are summed in fp32 over the heads of one token, then added into the fp64 accumulator.
 template <class IO, pairs PIn, pairs POut>
 void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last,
                                   int chunk) {
@@ -752,54 +752,73 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   const df32 d;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
+  constexpr std::int64_t group = 4;
   float* scratch = thread_scratch(p);
-  float* dh = scratch + 2 * rotary;
-  float* xr = dh + D;
-  thread_local std::vector<float> token_dw;
-  token_dw.assign(static_cast<std::size_t>(D), 0.0f);
-  float* tdw = token_dw.data();
+  // per head of a group: dh and the x row in fp32; then the token's weight-gradient terms
+  thread_local std::vector<float> rows;
+  rows.assign(static_cast<std::size_t>((2 * group + 1) * D), 0.0f);
+  float* tdw = rows.data() + 2 * group * D;
+  float r_of[group], coef_of[group];
   const float inv_d = 1.0f / static_cast<float>(D);
   const std::int64_t vec_end = D / lanes * lanes;
-  for_each_row<T>(
-      p, first, last, scratch,
-      [&](std::int64_t b, std::int64_t s, const token_angles& a, const head_block& blk,
-          std::int64_t hd, const T* g, T* dx) {
-        rotate_row<IO, f32_io, PIn, POut>(d, g, dh, a, half);
-        for (std::int64_t j = rotary; j < D; ++j) dh[j] = IO::load1(g + j);
-        const T* x = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s + hd * blk.x_h;
-        vf32 sq = hn::Zero(d), dot = hn::Zero(d);
-        for (std::int64_t j = 0; j < vec_end; j += lanes) {
-          const vf32 xv = IO::load(d, x + j);
-          hn::StoreU(xv, d, xr + j);
-          sq = hn::MulAdd(xv, xv, sq);
-          dot = hn::MulAdd(hn::Mul(hn::LoadU(d, blk.weight + j), hn::LoadU(d, dh + j)), xv, dot);
+  for (std::int64_t t = first; t < last; ++t) {
+    const std::int64_t b = t / p.seq, s = t % p.seq;
+    const token_angles a = angles_for(p, b, s, scratch);
+    for (int k = 0; k < p.num_blocks; ++k) {
+      const head_block& blk = p.blocks[k];
+      const T* g_in = static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s;
+      T* dx_out = static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s;
+      const T* x_in = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
+      for (std::int64_t h0 = 0; h0 < blk.heads; h0 += group) {
+        const std::int64_t n = std::min(group, blk.heads - h0);
+        for (std::int64_t g = 0; g < n; ++g) {
+          const T* gr = g_in + (h0 + g) * blk.in_h;
+          const T* x = x_in + (h0 + g) * blk.x_h;
+          float* dh = rows.data() + 2 * g * D;
+          float* xr = dh + D;
+          rotate_row<IO, f32_io, PIn, POut>(d, gr, dh, a, half);
+          for (std::int64_t j = rotary; j < D; ++j) dh[j] = IO::load1(gr + j);
+          vf32 sq = hn::Zero(d), dot = hn::Zero(d);
+          for (std::int64_t j = 0; j < vec_end; j += lanes) {
+            const vf32 xv = IO::load(d, x + j);
+            hn::StoreU(xv, d, xr + j);
+            sq = hn::MulAdd(xv, xv, sq);
+            dot = hn::MulAdd(hn::Mul(hn::LoadU(d, blk.weight + j), hn::LoadU(d, dh + j)), xv, dot);
+          }
+          float sq_s = hn::GetLane(hn::SumOfLanes(d, sq));
+          float dot_s = hn::GetLane(hn::SumOfLanes(d, dot));
+          for (std::int64_t j = vec_end; j < D; ++j) {
+            xr[j] = IO::load1(x + j);
+            sq_s += xr[j] * xr[j];
+            dot_s += blk.weight[j] * dh[j] * xr[j];
+          }
+          const float r = 1.0f / std::sqrt(sq_s * inv_d + p.eps);
+          r_of[g] = r;
+          coef_of[g] = r * r * r * inv_d * dot_s;
         }
-        float sq_s = hn::GetLane(hn::SumOfLanes(d, sq));
-        float dot_s = hn::GetLane(hn::SumOfLanes(d, dot));
-        for (std::int64_t j = vec_end; j < D; ++j) {
-          xr[j] = IO::load1(x + j);
-          sq_s += xr[j] * xr[j];
-          dot_s += blk.weight[j] * dh[j] * xr[j];
+        for (std::int64_t g = 0; g < n; ++g) {
+          const float* dh = rows.data() + 2 * g * D;
+          const float* xr = dh + D;
+          T* dx = dx_out + (h0 + g) * blk.out_h;
+          const float r = r_of[g], coef = coef_of[g];
+          const vf32 rv = hn::Set(d, r), cv = hn::Set(d, coef);
+          for (std::int64_t j = 0; j < vec_end; j += lanes) {
+            const vf32 dhv = hn::LoadU(d, dh + j), xv = hn::LoadU(d, xr + j);
+            const vf32 wdh = hn::Mul(hn::LoadU(d, blk.weight + j), dhv);
+            IO::store(d, hn::MulSub(rv, wdh, hn::Mul(cv, xv)), dx + j);
+            hn::StoreU(hn::MulAdd(hn::Mul(dhv, xv), rv, hn::LoadU(d, tdw + j)), d, tdw + j);
+          }
+          for (std::int64_t j = vec_end; j < D; ++j) {
+            IO::store1(r * blk.weight[j] * dh[j] - coef * xr[j], dx + j);
+            tdw[j] += dh[j] * xr[j] * r;
+          }
         }
-        const float r = 1.0f / std::sqrt(sq_s * inv_d + p.eps);
-        const float coef = r * r * r * inv_d * dot_s;
-        const vf32 rv = hn::Set(d, r), cv = hn::Set(d, coef);
-        for (std::int64_t j = 0; j < vec_end; j += lanes) {
-          const vf32 dhv = hn::LoadU(d, dh + j), xv = hn::LoadU(d, xr + j);
-          const vf32 wdh = hn::Mul(hn::LoadU(d, blk.weight + j), dhv);
-          IO::store(d, hn::MulSub(rv, wdh, hn::Mul(cv, xv)), dx + j);
-          hn::StoreU(hn::MulAdd(hn::Mul(dhv, xv), rv, hn::LoadU(d, tdw + j)), d, tdw + j);
-        }
-        for (std::int64_t j = vec_end; j < D; ++j) {
-          IO::store1(r * blk.weight[j] * dh[j] - coef * xr[j], dx + j);
-          tdw[j] += dh[j] * xr[j] * r;
-        }
-        if (hd + 1 == blk.heads) {  // the token's last head of this block
-          double* dw = blk.weight_grad + chunk * D;
-          for (std::int64_t j = 0; j < D; ++j) dw[j] += static_cast<double>(tdw[j]);
-          std::fill(tdw, tdw + D, 0.0f);
-        }
-      });
+      }
+      double* dw = blk.weight_grad + chunk * D;  // the block's heads of this token, summed
+      for (std::int64_t j = 0; j < D; ++j) dw[j] += static_cast<double>(tdw[j]);
+      std::fill(tdw, tdw + D, 0.0f);
+    }
+  }
 }
 
 // Large out-of-place calls whose every output vector is aligned take streaming stores.
