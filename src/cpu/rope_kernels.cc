@@ -228,6 +228,14 @@ struct bf16_native_io : bf16_io {
     return r;
   }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
+  // adjacent pairs: each half converted natively, then zero-extended into one u32 lane
+  static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
+    return hn::Or(hn::PromoteTo(du32_t(), encode(d, even)),
+                  hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), encode(d, odd))));
+  }
+  static void store_pairs(df32 d, vf32 even, vf32 odd, std::uint16_t* p) {
+    hn::StoreU(encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
+  }
 };
 #endif
 
