@@ -691,8 +691,9 @@ HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename 
 // r = 1 / sqrt(mean(x^2) + eps) of each head of the group (independent sums, so their latency
 // overlaps; one row at a time waited on each sum, then on the square root), then normalise
 // and rotate each row in one pass over it. A group's rows are still in L1 when they are
-// read again; the sums of a whole block (32 heads) first measured slower for f32 in memory. Rows shorter than a vector of pairs go through h = x r w in
-// fp32 scratch.
+// read again; taking the sums of a whole block (32 heads) first measured slower for f32 in
+// memory (0.31 against 0.23 ns per element). Rows shorter than a vector of pairs go through
+// h = x r w in fp32 scratch.
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
