@@ -303,28 +303,34 @@ TEST(Kernels, VariantsBackwardInvertsForward) {
   }
 }
 
-// The split-half output in place (each row read whole before it is written) equals the
-// out-of-place result bit for bit, for every dtype and a head_dim with a vector tail.
+// The split-half output in place, and its backward (each row read whole before it is
+// written: held in registers when r/2 is 1, 2 or 4 vectors, else copied), equals the
+// out-of-place result bit for bit, for every dtype; the head dims give every held count on
+// each target (4, 8 and 16 lanes) and rows with a vector tail.
 TEST(Kernels, SplitHalfInPlaceEqualsOutOfPlace) {
   const std::int64_t T = 17, H = 5;
-  for (std::int64_t D : {64, 80, 6}) {
+  for (std::int64_t D : {8, 16, 32, 64, 128, 80, 6}) {
     for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
-      tensor x(t, {T, H, D}), y(t, {T, H, D});
-      std::mt19937 rng(31);
-      std::normal_distribution<double> normal;
-      for (std::int64_t i = 0; i < x.numel(); ++i) store_from_f64(x.data(), t, i, normal(rng));
-      rope_options o;
-      o.output_layout = rope_output_layout::split_half;
-      rope_tensors out;
-      out.q = x;
-      out.q_out = y.view();
-      rope_apply(rope_style::gptj, out, rope_positions::from_offset(11),
-                 rope_angles::from_theta(1e4), o);
-      rope_tensors in;
-      in.q = x;
-      rope_apply(rope_style::gptj, in, rope_positions::from_offset(11),
-                 rope_angles::from_theta(1e4), o);
-      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.bytes()), 0) << D << " " << to_string(t);
+      for (bool backward : {false, true}) {
+        tensor x(t, {T, H, D}), y(t, {T, H, D});
+        std::mt19937 rng(31);
+        std::normal_distribution<double> normal;
+        for (std::int64_t i = 0; i < x.numel(); ++i) store_from_f64(x.data(), t, i, normal(rng));
+        rope_options o;
+        o.output_layout = rope_output_layout::split_half;
+        o.backward = backward;
+        rope_tensors out;
+        out.q = x;
+        out.q_out = y.view();
+        rope_apply(rope_style::gptj, out, rope_positions::from_offset(11),
+                   rope_angles::from_theta(1e4), o);
+        rope_tensors in;
+        in.q = x;
+        rope_apply(rope_style::gptj, in, rope_positions::from_offset(11),
+                   rope_angles::from_theta(1e4), o);
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), x.bytes()), 0)
+            << D << " " << to_string(t) << " backward " << backward;
+      }
     }
   }
 }

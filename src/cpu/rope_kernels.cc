@@ -592,6 +592,29 @@ HWY_INLINE const T* readable_row(const T* x, const T* y, T* row_copy, std::int64
   return x;
 }
 
+// In place with a changed layout, a row of NV whole vectors of pairs (NV = 1, 2, 4: r/2 up to
+// 64 with AVX-512's 16 lanes) is held in registers: all of it read, then all of it written,
+// without the copy of the row that readable_row makes.
+template <class IO, pairs PIn, pairs POut, bool Full, int NV>
+HWY_INLINE void rotate_row_held(df32 d, typename IO::storage* xy, const token_angles& a,
+                                std::int64_t half) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  vf32 xa[NV], xb[NV];
+  for (int v = 0; v < NV; ++v) load_pair<IO, PIn>(d, xy, v * n, half, xa[v], xb[v]);
+  for (int v = 0; v < NV; ++v) {
+    vf32 ya, yb;
+    rotate_vectors<IO, false, Full>(d, xa[v], xb[v], v * n, a, ya, yb);
+    store_pair<IO, POut>(d, ya, yb, xy, v * n, half);
+  }
+}
+
+// How many whole vectors of pairs a row has, when rotate_row_held can hold them (else 0).
+inline int held_vectors(std::int64_t half, std::int64_t lanes) {
+  if (half % lanes != 0) return 0;
+  const std::int64_t nv = half / lanes;
+  return nv == 1 || nv == 2 || nv == 4 ? static_cast<int>(nv) : 0;
+}
+
 // The heads of one block (q or k) of one token. Full (four angle vectors or two) is decided
 // once per token.
 template <class IO, pairs PIn, pairs POut, bool Full>
@@ -601,11 +624,21 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   using T = typename IO::storage;
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
   const std::int64_t pass = p.head_dim - rotary;
-  const bool whole = half >= static_cast<std::int64_t>(hn::Lanes(d));
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const bool whole = half >= lanes;
+  const int held = PIn != POut ? held_vectors(half, lanes) : 0;
   for (std::int64_t h = 0; h < blk.heads; ++h) {
     const T* x = in + h * blk.in_h;
     T* y = out + h * blk.out_h;
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
+    if constexpr (PIn != POut) {
+      if (x == y && held != 0) {
+        if (held == 1) rotate_row_held<IO, PIn, POut, Full, 1>(d, y, a, half);
+        if (held == 2) rotate_row_held<IO, PIn, POut, Full, 2>(d, y, a, half);
+        if (held == 4) rotate_row_held<IO, PIn, POut, Full, 4>(d, y, a, half);
+        continue;
+      }
+    }
     x = readable_row<PIn, POut>(x, y, row_copy, rotary);
     if (whole) {
       rotate_whole_vectors<IO, IO, PIn, POut, false, Full>(d, x, y, a, half);
