@@ -449,6 +449,12 @@ void widen_row(df32 d, const std::uint16_t* from, float* to, std::int64_t n,
   for (; i < n; ++i) to[i] = scalar(from[i]);
 }
 
+// Whether a full-width row's two halves of cos (or sin) are the same bits (HF's
+// cat(freqs, freqs)): the row then takes two angle vectors per step instead of four.
+inline bool same_halves(const float* first, const float* second, std::int64_t half) {
+  return std::memcmp(first, second, static_cast<std::size_t>(half) * sizeof(float)) == 0;
+}
+
 // The angles of token (b, s): straight out of an fp32 table or row when no conversion, plane
 // gather or sign change is needed, else through `scratch` (4 * r/2 floats). Backward takes
 // the transpose of the forward: ca, cb kept, (sa, sb) -> (-sb, -sa).
@@ -467,7 +473,10 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
         (!full || p.table_pairs == pairs::halves)) {
       const float* c = static_cast<const float*>(p.rows_cos) + base;
       const float* sn = static_cast<const float*>(p.rows_sin) + base;
-      return full ? token_angles{c, sn, c + half, sn + half, true} : token_angles{c, sn, c, sn};
+      if (full && (!same_halves(c, c + half, half) || !same_halves(sn, sn + half, half))) {
+        return token_angles{c, sn, c + half, sn + half, true};
+      }
+      return token_angles{c, sn, c, sn};
     }
     for (std::int64_t i = 0; i < half; ++i) {
       const std::int64_t plane = p.axis_of_frequency ? p.axis_of_frequency[i] : 0;
@@ -555,6 +564,7 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
       }
     }
   }
+  if (full && same_halves(ca, cb, half) && same_halves(sa, sb, half)) full = false;
   if (!full) {
     if (p.backward) {
       for (std::int64_t i = 0; i < half; ++i) sa[i] = -sa[i];
