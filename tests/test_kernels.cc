@@ -335,6 +335,61 @@ TEST(Kernels, SplitHalfInPlaceEqualsOutOfPlace) {
   }
 }
 
+// Full-width rows take two angle vectors per step only when both cos and sin have equal
+// halves: rows where just one of them differs, in one column, must still rotate with all
+// four, forward and backward, as x*cos + rotate_half(x)*sin.
+TEST(Kernels, FullWidthRowsWithOneDifferingHalfUseIt) {
+  const std::int64_t T = 6, H = 3, D = 80, half = D / 2;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int which = 0; which < 2; ++which) {  // cos or sin differs
+    for (bool backward : {false, true}) {
+      std::vector<float> x(T * H * D), y(x.size()), cos(T * D), sin(T * D);
+      for (auto& v : x) v = u(rng);
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t j = 0; j < half; ++j) {
+          cos[t * D + j] = cos[t * D + half + j] = u(rng);
+          sin[t * D + j] = sin[t * D + half + j] = u(rng);
+        }
+        std::vector<float>& row = which == 0 ? cos : sin;
+        row[t * D + half + (t * 7) % half] += 0.5f;
+      }
+      rope_tensors rt;
+      rt.q = tensor_view::contiguous(x.data(), dtype::f32, {T, H, D});
+      rt.q_out = tensor_view::contiguous(y.data(), dtype::f32, {T, H, D});
+      rope_options o;
+      o.backward = backward;
+      rope_apply(
+          rope_style::neox, rt, rope_positions::none(),
+          rope_angles::from_token_rows(tensor_view::contiguous(cos.data(), dtype::f32, {T, D}),
+                                       tensor_view::contiguous(sin.data(), dtype::f32, {T, D})),
+          o);
+      double worst = 0;
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t h = 0; h < H; ++h) {
+          const float* xr = &x[(t * H + h) * D];
+          const float* yr = &y[(t * H + h) * D];
+          const float* c = &cos[t * D];
+          const float* s = &sin[t * D];
+          for (std::int64_t j = 0; j < D; ++j) {
+            // forward: y = x c + rotate_half(x) s; backward: its transpose
+            double e;
+            if (!backward) {
+              const double rot = j < half ? -xr[j + half] : xr[j - half];
+              e = double(xr[j]) * c[j] + rot * s[j];
+            } else {
+              e = j < half ? double(xr[j]) * c[j] + double(xr[j + half]) * s[j + half]
+                           : double(xr[j]) * c[j] - double(xr[j - half]) * s[j - half];
+            }
+            worst = std::max(worst, std::abs(e - yr[j]));
+          }
+        }
+      }
+      EXPECT_LT(worst, 1e-6) << (which == 0 ? "cos" : "sin") << " backward " << backward;
+    }
+  }
+}
+
 // QK RMSNorm + RoPE: 1 and 2 threads give identical outputs; the weight gradients agree to
 // fp64 summation order.
 TEST(Kernels, QkNormThreadsAgree) {
