@@ -390,6 +390,47 @@ TEST(Kernels, FullWidthRowsWithOneDifferingHalfUseIt) {
   }
 }
 
+// bf16 stores round each fp32 result once, subnormal results included (the AVX512-BF16
+// instruction flushes them, so a vector pair holding one takes the integer path): the bf16
+// kernel's output is the f32 kernel's on the same (exactly widened) inputs, rounded by the
+// scalar conversion, bit for bit. Token 0 (position 0: y = x) has subnormal results in only
+// the first elements of pairs (head 1) or only the second (head 2); the other tokens have
+// them in both (head 3).
+TEST(Kernels, Bf16StoresRoundSubnormalResultsLikeScalar) {
+  const std::int64_t T = 9, H = 4, D = 128;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (rope_style style : {rope_style::neox, rope_style::gptj}) {
+    std::vector<std::uint16_t> xb(T * H * D), yb(xb.size());
+    std::vector<float> xf(xb.size()), yf(xb.size());
+    for (std::size_t i = 0; i < xb.size(); ++i) {
+      const auto h = static_cast<std::int64_t>(i) / D % H, j = static_cast<std::int64_t>(i) % D;
+      const bool first = style == rope_style::neox ? j < D / 2 : j % 2 == 0;
+      const std::int64_t pair = style == rope_style::neox ? j % (D / 2) : j / 2;
+      const bool tiny = pair < 16 && ((h == 1 && first) || (h == 2 && !first) || h == 3);
+      const float v = u(rng) * (tiny ? 0x1p-125f : 1.0f);
+      xb[i] = f32_to_bf16_bits(v);
+      xf[i] = bf16_bits_to_f32(xb[i]);
+    }
+    const auto positions = rope_positions::from_offset(0);
+    const auto angles = rope_angles::from_theta(1e4);
+    rope_tensors b, f;
+    b.q = tensor_view::contiguous(xb.data(), dtype::bf16, {T, H, D});
+    b.q_out = tensor_view::contiguous(yb.data(), dtype::bf16, {T, H, D});
+    f.q = tensor_view::contiguous(xf.data(), dtype::f32, {T, H, D});
+    f.q_out = tensor_view::contiguous(yf.data(), dtype::f32, {T, H, D});
+    rope_apply(style, b, positions, angles);
+    rope_apply(style, f, positions, angles);
+    int subnormal = 0, mismatches = 0;
+    for (std::size_t i = 0; i < yb.size(); ++i) {
+      subnormal += yf[i] != 0 && std::abs(yf[i]) < 0x1p-126f;
+      mismatches += yb[i] != f32_to_bf16_bits(yf[i]);
+    }
+    EXPECT_GT(subnormal, 20) << to_string(style);  // the case exercises the fallback
+    EXPECT_EQ(mismatches, 0) << to_string(style);
+  }
+}
+
 // QK RMSNorm + RoPE: 1 and 2 threads give identical outputs; the weight gradients agree to
 // fp64 summation order.
 TEST(Kernels, QkNormThreadsAgree) {

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -107,6 +108,10 @@ struct f32_io {
   using out_lane = float;
   static constexpr bool pairs_encode = false;
   static vf32 encode(df32, vf32 v) { return v; }
+  static void encode_halves(df32, vf32 a, vf32 b, vf32& ea, vf32& eb) {
+    ea = a;
+    eb = b;
+  }
   static void load_pairs(df32 d, const float* p, vf32& even, vf32& odd) {
     hn::LoadInterleaved2(d, p, even, odd);
   }
@@ -151,6 +156,10 @@ struct f16_io {
 #endif
   }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
+  static void encode_halves(df32 d, vf32 a, vf32 b, hn::Vec<out_tag>& ea, hn::Vec<out_tag>& eb) {
+    ea = encode(d, a);
+    eb = encode(d, b);
+  }
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
 #if HWY_TARGET <= HWY_AVX2
     // F16C for each half, then the two zero-extended into one u32 lane
@@ -199,6 +208,10 @@ struct bf16_io {
     return hn::DemoteTo(out_tag(), hn::BitCast(hn::RebindToSigned<df32>(), f32_to_bf16(d, v)));
   }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
+  static void encode_halves(df32 d, vf32 a, vf32 b, hn::Vec<out_tag>& ea, hn::Vec<out_tag>& eb) {
+    ea = encode(d, a);
+    eb = encode(d, b);
+  }
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
     return hn::Or(f32_to_bf16(d, even), hn::ShiftLeft<16>(f32_to_bf16(d, odd)));
   }
@@ -220,18 +233,33 @@ struct bf16_io {
 // run time (native_bf16()); every fp32 bit pattern is checked through it by the kernel tests.
 struct bf16_native_io : bf16_io {
   using plain = bf16_native_io;
-  static hn::Vec<out_tag> encode(df32 d, vf32 v) {
-    // vfpclassps category 0x20: denormal (one instruction; the kernels are memory-bound)
-    if (HWY_UNLIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) != 0)) return bf16_io::encode(d, v);
+  static hn::Vec<out_tag> convert(vf32 v) {
     hn::Vec<out_tag> r;
     asm("vcvtneps2bf16 %1, %0" : "=v"(r.raw) : "v"(v.raw));
     return r;
   }
+  static hn::Vec<out_tag> encode(df32 d, vf32 v) {
+    // vfpclassps category 0x20: denormal (one instruction; the kernels are memory-bound)
+    if (HWY_UNLIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) != 0)) return bf16_io::encode(d, v);
+    return convert(v);
+  }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
+  // two vectors, one test for a subnormal in either
+  static void encode_halves(df32 d, vf32 a, vf32 b, hn::Vec<out_tag>& ea, hn::Vec<out_tag>& eb) {
+    if (HWY_UNLIKELY((_mm512_fpclass_ps_mask(a.raw, 0x20) | _mm512_fpclass_ps_mask(b.raw, 0x20)) !=
+                     0)) {
+      ea = bf16_io::encode(d, a);
+      eb = bf16_io::encode(d, b);
+      return;
+    }
+    ea = convert(a);
+    eb = convert(b);
+  }
   // adjacent pairs: each half converted natively, then zero-extended into one u32 lane
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
-    return hn::Or(hn::PromoteTo(du32_t(), encode(d, even)),
-                  hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), encode(d, odd))));
+    hn::Vec<out_tag> e, o;
+    encode_halves(d, even, odd, e, o);
+    return hn::Or(hn::PromoteTo(du32_t(), e), hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), o)));
   }
   static void store_pairs(df32 d, vf32 even, vf32 odd, std::uint16_t* p) {
     hn::StoreU(encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
@@ -249,6 +277,13 @@ struct streaming_io : IO {
   static void store(df32 d, vf32 v, typename IO::storage* p) {
     hn::Stream(IO::encode(d, v), typename IO::out_tag(),
                reinterpret_cast<typename IO::out_lane*>(p));
+  }
+  static void store_halves(df32 d, vf32 a, vf32 b, typename IO::storage* pa,
+                           typename IO::storage* pb) {
+    hn::Vec<typename IO::out_tag> ea, eb;
+    IO::encode_halves(d, a, b, ea, eb);
+    hn::Stream(ea, typename IO::out_tag(), reinterpret_cast<typename IO::out_lane*>(pa));
+    hn::Stream(eb, typename IO::out_tag(), reinterpret_cast<typename IO::out_lane*>(pb));
   }
   static void store_pairs(df32 d, vf32 even, vf32 odd, typename IO::storage* p) {
     if constexpr (IO::pairs_encode) {
@@ -283,12 +318,26 @@ HWY_INLINE void load_pair(df32 d, const typename IO::storage* x, std::int64_t i,
   }
 }
 
+// Both vectors of a pair of halves encoded together (one subnormal test for the two with
+// AVX512-BF16), then stored; streaming_io streams them.
+template <class IO, class = void>
+struct has_store_halves : std::false_type {};
+template <class IO>
+struct has_store_halves<IO, std::void_t<decltype(&IO::store_halves)>> : std::true_type {};
+
 template <class IO, pairs P>
 HWY_INLINE void store_pair(df32 d, vf32 a, vf32 b, typename IO::storage* y, std::int64_t i,
                            std::int64_t half) {
   if constexpr (P == pairs::halves) {
-    IO::store(d, a, y + i);
-    IO::store(d, b, y + half + i);
+    if constexpr (has_store_halves<IO>::value) {
+      IO::store_halves(d, a, b, y + i, y + half + i);
+    } else {
+      hn::Vec<typename IO::out_tag> ea, eb;
+      IO::encode_halves(d, a, b, ea, eb);
+      hn::StoreU(ea, typename IO::out_tag(), reinterpret_cast<typename IO::out_lane*>(y + i));
+      hn::StoreU(eb, typename IO::out_tag(),
+                 reinterpret_cast<typename IO::out_lane*>(y + half + i));
+    }
   } else {
     IO::store_pairs(d, a, b, y + 2 * i);
   }
