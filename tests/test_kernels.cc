@@ -204,10 +204,23 @@ TEST(Kernels, ThreadCountDoesNotChangeResults) {
 }
 
 // Large out-of-place calls with aligned outputs take streaming stores: the result must be
-// the in-place result, bit for bit (sizes past the streaming threshold, 64-byte aligned).
+// the in-place result, bit for bit (sizes past the streaming threshold, 64-byte aligned), for
+// halves, adjacent pairs (f32 interleaved in registers on AVX-512), the split-half output and
+// its backward, and QK RMSNorm + RoPE.
 TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
   const std::int64_t T = 1100, Hq = 32, Hk = 8, D = 128;
-  for (auto style : {rope_style::neox, rope_style::gptj}) {
+  struct config {
+    rope_style style;
+    rope_output_layout layout;
+    bool backward, qk_norm;
+  };
+  const auto as_input = rope_output_layout::as_input, split = rope_output_layout::split_half;
+  for (const config c :
+       {config{rope_style::neox, as_input, false, false},
+        config{rope_style::gptj, as_input, false, false},
+        config{rope_style::gptj, split, false, false}, config{rope_style::gptj, split, true, false},
+        config{rope_style::neox, as_input, false, true},
+        config{rope_style::gptj, split, false, true}}) {
     for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
       const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
       auto alloc = [](std::size_t bytes) {
@@ -219,21 +232,37 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
       std::normal_distribution<double> normal;
       for (std::size_t i = 0; i < qn; ++i) store_from_f64(q.get(), t, i, normal(rng));
       for (std::size_t i = 0; i < kn; ++i) store_from_f64(k.get(), t, i, normal(rng));
+      tensor w(t, {D});
+      for (std::int64_t j = 0; j < D; ++j) store_from_f64(w.data(), t, j, 0.5 + 0.01 * j);
       const auto angles = rope_angles::from_theta(1e6);
+      rope_options o;
+      o.output_layout = c.layout;
+      o.backward = c.backward;
+      qk_norm norm;
+      norm.q_weight = w;
+      norm.k_weight = w.view();
+      auto apply = [&](const rope_tensors& x) {
+        if (c.qk_norm) {
+          qk_norm_rope_apply(c.style, x, rope_positions::from_offset(3), angles, norm, o);
+        } else {
+          rope_apply(c.style, x, rope_positions::from_offset(3), angles, o);
+        }
+      };
       rope_tensors out;
       out.q = tensor_view::contiguous(q.get(), t, {T, Hq, D});
       out.k = tensor_view::contiguous(k.get(), t, {T, Hk, D});
       out.q_out = tensor_view::contiguous(qo.get(), t, {T, Hq, D});
       out.k_out = tensor_view::contiguous(ko.get(), t, {T, Hk, D});
-      rope_apply(style, out, rope_positions::from_offset(3), angles);
+      apply(out);
       rope_tensors in;
       in.q = out.q;
       in.k = out.k;
-      rope_apply(style, in, rope_positions::from_offset(3), angles);
-      EXPECT_EQ(std::memcmp(q.get(), qo.get(), qn * es), 0)
-          << to_string(style) << " " << to_string(t);
-      EXPECT_EQ(std::memcmp(k.get(), ko.get(), kn * es), 0)
-          << to_string(style) << " " << to_string(t);
+      apply(in);
+      const std::string what = std::string(to_string(c.style)) + " " + std::string(to_string(t)) +
+                               " split " + std::to_string(c.layout == split) + " backward " +
+                               std::to_string(c.backward) + " qk_norm " + std::to_string(c.qk_norm);
+      EXPECT_EQ(std::memcmp(q.get(), qo.get(), qn * es), 0) << what;
+      EXPECT_EQ(std::memcmp(k.get(), ko.get(), kn * es), 0) << what;
     }
   }
 }

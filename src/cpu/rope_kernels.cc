@@ -115,9 +115,29 @@ struct f32_io {
   static void load_pairs(df32 d, const float* p, vf32& even, vf32& odd) {
     hn::LoadInterleaved2(d, p, even, odd);
   }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // (even, odd) -> the 2N floats e0 o0 e1 o1 ..., as two whole vectors: one vpermt2ps each
+  // (Highway's StoreInterleaved2 takes six shuffles), so that they can also be streamed.
+  static constexpr bool pairs_vectors = true;
+  static void interleave_pairs(vf32 even, vf32 odd, vf32& lo, vf32& hi) {
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    lo.raw = _mm512_permutex2var_ps(even.raw, first, odd.raw);
+    hi.raw = _mm512_permutex2var_ps(even.raw, second, odd.raw);
+  }
+  static void store_pairs(df32 d, vf32 even, vf32 odd, float* p) {
+    vf32 lo, hi;
+    interleave_pairs(even, odd, lo, hi);
+    hn::StoreU(lo, d, p);
+    hn::StoreU(hi, d, p + hn::Lanes(d));
+  }
+#else
+  static constexpr bool pairs_vectors = false;
   static void store_pairs(df32 d, vf32 even, vf32 odd, float* p) {
     hn::StoreInterleaved2(even, odd, d, p);
   }
+#endif
 };
 
 // A pair of 16-bit values read as one u32 lane: the even element in the low half (x86, Arm
@@ -269,8 +289,8 @@ struct bf16_native_io : bf16_io {
 
 // The same element type with non-temporal (streaming) stores, for large out-of-place calls:
 // the output lines are written whole, so they need not be read for ownership first. Needs
-// vector-aligned stores (the caller checks). f32 pairs are stored interleaved by two stores
-// of halves, which is not one aligned vector: they keep normal stores.
+// vector-aligned stores (the caller checks). f32 adjacent pairs stream where they are
+// interleaved into whole vectors (AVX-512), else keep normal stores.
 template <class IO>
 struct streaming_io : IO {
   using plain = IO;
@@ -288,6 +308,11 @@ struct streaming_io : IO {
   static void store_pairs(df32 d, vf32 even, vf32 odd, typename IO::storage* p) {
     if constexpr (IO::pairs_encode) {
       hn::Stream(IO::encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
+    } else if constexpr (IO::pairs_vectors) {
+      vf32 lo, hi;
+      IO::interleave_pairs(even, odd, lo, hi);
+      hn::Stream(lo, d, p);
+      hn::Stream(hi, d, p + hn::Lanes(d));
     } else {
       IO::store_pairs(d, even, odd, p);
     }
@@ -933,10 +958,10 @@ bool can_stream(const rope_plan& p) {
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t es = sizeof(T), half = p.rotary_dim / 2;
   const bool adjacent = p.out_pairs == pairs::adjacent;
-  // halves store vectors of `lanes` elements at i and half + i; pairs vectors of 2 * lanes
-  const std::int64_t vector_bytes = lanes * es * (adjacent ? 2 : 1);
-  if (adjacent && !IO::pairs_encode) return false;
-  if (p.in_pairs != p.out_pairs) return false;
+  // halves stream vectors of `lanes` elements at i and half + i; pairs stream whole registers
+  // (lanes u32 of two 16-bit elements, or two vectors of f32) at 2i
+  const std::int64_t vector_bytes = adjacent ? lanes * 4 : lanes * es;
+  if (adjacent && !IO::pairs_encode && !f32_io::pairs_vectors) return false;
   if (half % lanes != 0) return false;
   std::int64_t bytes = 0;
   for (int k = 0; k < p.num_blocks; ++k) {
@@ -961,7 +986,15 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
   if (p.qk_norm && p.backward) {
     qk_norm_backward_tokens_loop<IO, PIn, POut>(p, first, last, chunk);
   } else if (p.qk_norm) {
-    if (p.hf_rounding) {
+    // streaming when every dim rotates (pass dims are stored one element at a time)
+    if (p.rotary_dim == p.head_dim && can_stream<IO>(p)) {
+      if (p.hf_rounding) {
+        qk_norm_tokens_loop<streaming_io<IO>, PIn, POut, true>(p, first, last);
+      } else {
+        qk_norm_tokens_loop<streaming_io<IO>, PIn, POut, false>(p, first, last);
+      }
+      hwy::FlushStream();
+    } else if (p.hf_rounding) {
       qk_norm_tokens_loop<IO, PIn, POut, true>(p, first, last);
     } else {
       qk_norm_tokens_loop<IO, PIn, POut, false>(p, first, last);
