@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "core/overlap.h"
@@ -625,8 +626,11 @@ std::vector<float> weight_as_f32(const char* name, const tensor_view& w, std::in
   check_last_contiguous(name, w);
   check_data(name, w);
   std::vector<float> f(static_cast<std::size_t>(head_dim));
-  for (std::size_t j = 0; j < f.size(); ++j) {
-    f[j] = static_cast<float>(load_as_f64(w.data, w.type, j));
+  if (w.type == dtype::f32) {
+    std::memcpy(f.data(), w.data, f.size() * sizeof(float));
+  } else {  // f16, bf16: the kernels' vector conversion (a decode call converts both weights)
+    detail::convert_16_to_f32(w.type, static_cast<const std::uint16_t*>(w.data), f.data(),
+                              head_dim);
   }
   return f;
 }
