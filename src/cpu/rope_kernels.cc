@@ -732,29 +732,40 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   }
 }
 
-// Tokens [first, last): the angles once per token, then every head row of q and of k. No
-// software prefetch: the hardware prefetchers follow these streams, and prefetching the rows
-// two tokens ahead measured slower (docs/benchmarks.md).
+// Tokens [first, last): the angles once per token (into `angle_scratch` when they need it),
+// then fn(b, s, angles, block, in, out) for q's and k's heads of the token, in and out
+// pointing at its first head row. No software prefetch: the hardware prefetchers follow
+// these streams, and prefetching the rows two tokens ahead measured slower
+// (docs/benchmarks.md).
+template <class T, class Fn>
+HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int64_t last,
+                               float* angle_scratch, Fn&& fn) {
+  for (std::int64_t t = first; t < last; ++t) {
+    const std::int64_t b = t / p.seq, s = t % p.seq;
+    const token_angles a = angles_for(p, b, s, angle_scratch);
+    for (int k = 0; k < p.num_blocks; ++k) {
+      const head_block& blk = p.blocks[k];
+      fn(b, s, a, blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
+         static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
+    }
+  }
+}
+
 template <class IO, pairs PIn, pairs POut>
 void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
   float* scratch = thread_scratch(p);
   T* row_copy = reinterpret_cast<T*>(scratch + 2 * p.rotary_dim);
-  for (std::int64_t t = first; t < last; ++t) {
-    const std::int64_t b = t / p.seq, q = t % p.seq;
-    const token_angles a = angles_for(p, b, q, scratch);
-    for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
-      const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
-      T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
-      if (a.full) {
-        rotate_block_rows<IO, PIn, POut, true>(d, p, blk, in, out, a, row_copy);
-      } else {
-        rotate_block_rows<IO, PIn, POut, false>(d, p, blk, in, out, a, row_copy);
-      }
-    }
-  }
+  for_each_block<T>(p, first, last, scratch,
+                    [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
+                        const T* in, T* out) {
+                      if (a.full) {
+                        rotate_block_rows<IO, PIn, POut, true>(d, p, blk, in, out, a, row_copy);
+                      } else {
+                        rotate_block_rows<IO, PIn, POut, false>(d, p, blk, in, out, a, row_copy);
+                      }
+                    });
 }
 
 // Sum of x^2 over n elements, in fp32 (two accumulators: half the dependent chain).
@@ -804,66 +815,68 @@ HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename 
       });
 }
 
-// QK RMSNorm + RoPE, per token and block (q or k), in groups of four heads: first
+// QK RMSNorm + RoPE of one block (q or k) of one token, in groups of four heads: first
 // r = 1 / sqrt(mean(x^2) + eps) of each head of the group (independent sums, so their latency
 // overlaps; one row at a time waited on each sum, then on the square root), then normalise
 // and rotate each row in one pass over it. A group's rows are still in L1 when they are
 // read again; taking the sums of a whole block (32 heads) first measured slower for f32 in
 // memory (0.31 against 0.23 ns per element). Rows shorter than a vector of pairs go through
-// h = x r w in fp32 scratch.
+// h = x r w in fp32 scratch `h`.
+template <class IO, pairs PIn, pairs POut, bool HfRound>
+HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
+                                  const typename IO::storage* in, typename IO::storage* out,
+                                  const token_angles& a, float* h, typename IO::storage* row_copy) {
+  using T = typename IO::storage;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
+  const float inv_d = 1.0f / static_cast<float>(D);
+  constexpr std::int64_t group = 4;  // heads whose sums are found together (4 to 8 measured best)
+  float inv_rms[group];
+  for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
+    if (hd % group == 0) {
+      for (std::int64_t g = hd; g < std::min(hd + group, blk.heads); ++g) {
+        const float mean = sum_of_squares<IO>(d, in + g * blk.in_h, D) * inv_d;
+        inv_rms[g - hd] = 1.0f / std::sqrt(mean + p.eps);
+      }
+    }
+    const T* x = in + hd * blk.in_h;
+    T* y = out + hd * blk.out_h;
+    const float r = inv_rms[hd % group];
+    auto normalised1 = [&](std::int64_t j) {  // x r w of element j, scalar
+      float n = IO::load1(x + j) * r;
+      if constexpr (HfRound) n = round_to(p.x_type, n);
+      const float hw = n * blk.weight[j];
+      return HfRound ? round_to(p.x_type, hw) : hw;
+    };
+    for (std::int64_t j = rotary; j < D; ++j) IO::store1(normalised1(j), y + j);  // pass dims
+    if (half < lanes) {
+      for (std::int64_t j = 0; j < rotary; ++j) h[j] = normalised1(j);
+      rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
+      continue;
+    }
+    x = readable_row<PIn, POut>(x, y, row_copy, rotary);
+    if (a.full) {
+      norm_rotate_row<IO, PIn, POut, HfRound, true>(d, x, y, a, half, r, blk.weight_a,
+                                                    blk.weight_b);
+    } else {
+      norm_rotate_row<IO, PIn, POut, HfRound, false>(d, x, y, a, half, r, blk.weight_a,
+                                                     blk.weight_b);
+    }
+  }
+}
+
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
-  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
-  const bool whole = half >= lanes;
   float* scratch = thread_scratch(p);
-  float* h = scratch + 2 * rotary;
-  T* row_copy = reinterpret_cast<T*>(h + D);
-  constexpr std::int64_t group = 4;  // heads whose sums are found together (4 to 8 measured best)
-  float inv_rms[group];
-  const float inv_d = 1.0f / static_cast<float>(D);
-  for (std::int64_t t = first; t < last; ++t) {
-    const std::int64_t b = t / p.seq, q = t % p.seq;
-    const token_angles a = angles_for(p, b, q, scratch);
-    for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
-      const T* in = static_cast<const T*>(blk.in) + b * blk.in_b + q * blk.in_s;
-      T* out = static_cast<T*>(blk.out) + b * blk.out_b + q * blk.out_s;
-      for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
-        if (hd % group == 0) {
-          for (std::int64_t g = hd; g < std::min(hd + group, blk.heads); ++g) {
-            const float mean = sum_of_squares<IO>(d, in + g * blk.in_h, D) * inv_d;
-            inv_rms[g - hd] = 1.0f / std::sqrt(mean + p.eps);
-          }
-        }
-        const T* x = in + hd * blk.in_h;
-        T* y = out + hd * blk.out_h;
-        const float r = inv_rms[hd % group];
-        auto normalised1 = [&](std::int64_t j) {  // x r w of element j, scalar
-          float n = IO::load1(x + j) * r;
-          if constexpr (HfRound) n = round_to(p.x_type, n);
-          const float hw = n * blk.weight[j];
-          return HfRound ? round_to(p.x_type, hw) : hw;
-        };
-        for (std::int64_t j = rotary; j < D; ++j) IO::store1(normalised1(j), y + j);  // pass dims
-        if (!whole) {
-          for (std::int64_t j = 0; j < rotary; ++j) h[j] = normalised1(j);
-          rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
-          continue;
-        }
-        x = readable_row<PIn, POut>(x, y, row_copy, rotary);
-        if (a.full) {
-          norm_rotate_row<IO, PIn, POut, HfRound, true>(d, x, y, a, half, r, blk.weight_a,
-                                                        blk.weight_b);
-        } else {
-          norm_rotate_row<IO, PIn, POut, HfRound, false>(d, x, y, a, half, r, blk.weight_a,
-                                                         blk.weight_b);
-        }
-      }
-    }
-  }
+  float* h = scratch + 2 * p.rotary_dim;
+  T* row_copy = reinterpret_cast<T*>(h + p.head_dim);
+  for_each_block<T>(p, first, last, scratch,
+                    [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
+                        const T* in, T* out) {
+                      norm_rotate_block<IO, PIn, POut, HfRound>(d, p, blk, in, out, a, h, row_copy);
+                    });
 }
 
 // Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts), per token
@@ -871,80 +884,87 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
 // and the row's two sums (x.x and w dh.x), then through the normalisation. As in the forward,
 // the sums of a group overlap instead of each row waiting on its own. Weight-gradient terms
 // are summed in fp32 over the heads of one token, then added into the fp64 accumulator.
+// `rows` holds dh and x in fp32 for each head of a group, then the token's weight-gradient
+// terms.
+constexpr std::int64_t backward_group = 4;  // heads per group, as in the forward
+
+template <class IO, pairs PIn, pairs POut>
+HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block& blk,
+                                    const typename IO::storage* g_in, typename IO::storage* dx_out,
+                                    const typename IO::storage* x_in, const token_angles& a,
+                                    float* rows, int chunk) {
+  using T = typename IO::storage;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
+  constexpr std::int64_t group = backward_group;
+  float* tdw = rows + 2 * group * D;
+  float r_of[group], coef_of[group];
+  const float inv_d = 1.0f / static_cast<float>(D);
+  const std::int64_t vec_end = D / lanes * lanes;
+  for (std::int64_t h0 = 0; h0 < blk.heads; h0 += group) {
+    const std::int64_t n = std::min(group, blk.heads - h0);
+    for (std::int64_t g = 0; g < n; ++g) {
+      const T* gr = g_in + (h0 + g) * blk.in_h;
+      const T* x = x_in + (h0 + g) * blk.x_h;
+      float* dh = rows + 2 * g * D;
+      float* xr = dh + D;
+      rotate_row<IO, f32_io, PIn, POut>(d, gr, dh, a, half);
+      for (std::int64_t j = rotary; j < D; ++j) dh[j] = IO::load1(gr + j);
+      vf32 sq = hn::Zero(d), dot = hn::Zero(d);
+      for (std::int64_t j = 0; j < vec_end; j += lanes) {
+        const vf32 xv = IO::load(d, x + j);
+        hn::StoreU(xv, d, xr + j);
+        sq = hn::MulAdd(xv, xv, sq);
+        dot = hn::MulAdd(hn::Mul(hn::LoadU(d, blk.weight + j), hn::LoadU(d, dh + j)), xv, dot);
+      }
+      float sq_s = hn::GetLane(hn::SumOfLanes(d, sq));
+      float dot_s = hn::GetLane(hn::SumOfLanes(d, dot));
+      for (std::int64_t j = vec_end; j < D; ++j) {
+        xr[j] = IO::load1(x + j);
+        sq_s += xr[j] * xr[j];
+        dot_s += blk.weight[j] * dh[j] * xr[j];
+      }
+      const float r = 1.0f / std::sqrt(sq_s * inv_d + p.eps);
+      r_of[g] = r;
+      coef_of[g] = r * r * r * inv_d * dot_s;
+    }
+    for (std::int64_t g = 0; g < n; ++g) {
+      const float* dh = rows + 2 * g * D;
+      const float* xr = dh + D;
+      T* dx = dx_out + (h0 + g) * blk.out_h;
+      const float r = r_of[g], coef = coef_of[g];
+      const vf32 rv = hn::Set(d, r), cv = hn::Set(d, coef);
+      for (std::int64_t j = 0; j < vec_end; j += lanes) {
+        const vf32 dhv = hn::LoadU(d, dh + j), xv = hn::LoadU(d, xr + j);
+        const vf32 wdh = hn::Mul(hn::LoadU(d, blk.weight + j), dhv);
+        IO::store(d, hn::MulSub(rv, wdh, hn::Mul(cv, xv)), dx + j);
+        hn::StoreU(hn::MulAdd(hn::Mul(dhv, xv), rv, hn::LoadU(d, tdw + j)), d, tdw + j);
+      }
+      for (std::int64_t j = vec_end; j < D; ++j) {
+        IO::store1(r * blk.weight[j] * dh[j] - coef * xr[j], dx + j);
+        tdw[j] += dh[j] * xr[j] * r;
+      }
+    }
+  }
+  double* dw = blk.weight_grad + chunk * D;  // the block's heads of this token, summed
+  for (std::int64_t j = 0; j < D; ++j) dw[j] += static_cast<double>(tdw[j]);
+  std::fill(tdw, tdw + D, 0.0f);
+}
+
 template <class IO, pairs PIn, pairs POut>
 void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last,
                                   int chunk) {
   using T = typename IO::storage;
   const df32 d;
-  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
-  constexpr std::int64_t group = 4;
-  float* scratch = thread_scratch(p);
-  // per head of a group: dh and the x row in fp32; then the token's weight-gradient terms
   thread_local std::vector<float> rows;
-  rows.assign(static_cast<std::size_t>((2 * group + 1) * D), 0.0f);
-  float* tdw = rows.data() + 2 * group * D;
-  float r_of[group], coef_of[group];
-  const float inv_d = 1.0f / static_cast<float>(D);
-  const std::int64_t vec_end = D / lanes * lanes;
-  for (std::int64_t t = first; t < last; ++t) {
-    const std::int64_t b = t / p.seq, s = t % p.seq;
-    const token_angles a = angles_for(p, b, s, scratch);
-    for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
-      const T* g_in = static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s;
-      T* dx_out = static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s;
-      const T* x_in = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
-      for (std::int64_t h0 = 0; h0 < blk.heads; h0 += group) {
-        const std::int64_t n = std::min(group, blk.heads - h0);
-        for (std::int64_t g = 0; g < n; ++g) {
-          const T* gr = g_in + (h0 + g) * blk.in_h;
-          const T* x = x_in + (h0 + g) * blk.x_h;
-          float* dh = rows.data() + 2 * g * D;
-          float* xr = dh + D;
-          rotate_row<IO, f32_io, PIn, POut>(d, gr, dh, a, half);
-          for (std::int64_t j = rotary; j < D; ++j) dh[j] = IO::load1(gr + j);
-          vf32 sq = hn::Zero(d), dot = hn::Zero(d);
-          for (std::int64_t j = 0; j < vec_end; j += lanes) {
-            const vf32 xv = IO::load(d, x + j);
-            hn::StoreU(xv, d, xr + j);
-            sq = hn::MulAdd(xv, xv, sq);
-            dot = hn::MulAdd(hn::Mul(hn::LoadU(d, blk.weight + j), hn::LoadU(d, dh + j)), xv, dot);
-          }
-          float sq_s = hn::GetLane(hn::SumOfLanes(d, sq));
-          float dot_s = hn::GetLane(hn::SumOfLanes(d, dot));
-          for (std::int64_t j = vec_end; j < D; ++j) {
-            xr[j] = IO::load1(x + j);
-            sq_s += xr[j] * xr[j];
-            dot_s += blk.weight[j] * dh[j] * xr[j];
-          }
-          const float r = 1.0f / std::sqrt(sq_s * inv_d + p.eps);
-          r_of[g] = r;
-          coef_of[g] = r * r * r * inv_d * dot_s;
-        }
-        for (std::int64_t g = 0; g < n; ++g) {
-          const float* dh = rows.data() + 2 * g * D;
-          const float* xr = dh + D;
-          T* dx = dx_out + (h0 + g) * blk.out_h;
-          const float r = r_of[g], coef = coef_of[g];
-          const vf32 rv = hn::Set(d, r), cv = hn::Set(d, coef);
-          for (std::int64_t j = 0; j < vec_end; j += lanes) {
-            const vf32 dhv = hn::LoadU(d, dh + j), xv = hn::LoadU(d, xr + j);
-            const vf32 wdh = hn::Mul(hn::LoadU(d, blk.weight + j), dhv);
-            IO::store(d, hn::MulSub(rv, wdh, hn::Mul(cv, xv)), dx + j);
-            hn::StoreU(hn::MulAdd(hn::Mul(dhv, xv), rv, hn::LoadU(d, tdw + j)), d, tdw + j);
-          }
-          for (std::int64_t j = vec_end; j < D; ++j) {
-            IO::store1(r * blk.weight[j] * dh[j] - coef * xr[j], dx + j);
-            tdw[j] += dh[j] * xr[j] * r;
-          }
-        }
-      }
-      double* dw = blk.weight_grad + chunk * D;  // the block's heads of this token, summed
-      for (std::int64_t j = 0; j < D; ++j) dw[j] += static_cast<double>(tdw[j]);
-      std::fill(tdw, tdw + D, 0.0f);
-    }
-  }
+  rows.assign(static_cast<std::size_t>((2 * backward_group + 1) * p.head_dim), 0.0f);
+  for_each_block<T>(p, first, last, thread_scratch(p),
+                    [&](std::int64_t b, std::int64_t s, const token_angles& a,
+                        const head_block& blk, const T* g_in, T* dx_out) {
+                      const T* x_in = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
+                      norm_backward_block<IO, PIn, POut>(d, p, blk, g_in, dx_out, x_in, a,
+                                                         rows.data(), chunk);
+                    });
 }
 
 // Large out-of-place calls whose every output vector is aligned take streaming stores.
