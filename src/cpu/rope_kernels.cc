@@ -190,17 +190,16 @@ struct f16_io {
 #endif
   }
   static void load_pairs(df32 d, const std::uint16_t* p, vf32& even, vf32& odd) {
-    const auto u = load_u16_pairs(p);
 #if HWY_TARGET <= HWY_AVX2
-    // each half narrowed to u16 lanes, then widened by F16C
-    const hn::Rebind<hwy::float16_t, df32> dh;
-    const hn::RebindToSigned<df32> di;
-    const auto lo =
-        hn::DemoteTo(out_tag(), hn::BitCast(di, hn::And(u, hn::Set(du32_t(), 0xffffu))));
-    const auto hi = hn::DemoteTo(out_tag(), hn::BitCast(di, hn::ShiftRight<16>(u)));
-    even = hn::PromoteTo(d, hn::BitCast(dh, lo));
-    odd = hn::PromoteTo(d, hn::BitCast(dh, hi));
+    // both halves widened by F16C in memory order, then split into even and odd lanes (two
+    // permutes); narrowing each half to u16 lanes first measured slower (gptj f16 in cache,
+    // one thread: 0.14-0.17 against 0.12-0.14 ns per element with AVX-512, 0.17 against 0.135
+    // with AVX2)
+    const vf32 lo = load(d, p), hi = load(d, p + hn::Lanes(d));
+    even = hn::ConcatEven(d, hi, lo);
+    odd = hn::ConcatOdd(d, hi, lo);
 #else
+    const auto u = load_u16_pairs(p);
     even = f16_to_f32(d, hn::And(u, hn::Set(du32_t(), 0xffffu)));
     odd = f16_to_f32(d, hn::ShiftRight<16>(u));
 #endif
