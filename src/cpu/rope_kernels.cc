@@ -399,13 +399,28 @@ HWY_INLINE void rotate_vectors(df32 d, vf32 xa, vf32 xb, std::int64_t i, token_a
   }
 }
 
+// `pre(v, second, i)` transforms each loaded vector before the rotation (the identity, or
+// QK RMSNorm's x r w); `second` tells the pair's second elements from its first.
+struct no_pre {
+  HWY_INLINE vf32 operator()(vf32 v, bool, std::int64_t) const { return v; }
+};
+
+// One vector of pairs at frequency i, read from x as `In` lays them out, transformed by `pre`
+// and rotated into (ya, yb).
+template <class In, class Out, pairs PIn, bool RoundEach, bool Full, class Pre>
+HWY_INLINE void load_rotate(df32 d, const typename In::storage* x, std::int64_t i,
+                            std::int64_t half, token_angles a, Pre pre, vf32& ya, vf32& yb) {
+  vf32 xa, xb;
+  load_pair<In, PIn>(d, x, i, half, xa, xb);
+  rotate_vectors<Out, RoundEach, Full>(d, pre(xa, false, i), pre(xb, true, i), i, a, ya, yb);
+}
+
 // One vector of pairs, read from x as `In` lays them out and written to y as `Out` does.
 template <class In, class Out, pairs PIn, pairs POut, bool RoundEach, bool Full = true>
 HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out::storage* y,
                             std::int64_t i, std::int64_t half, token_angles a) {
-  vf32 xa, xb, ya, yb;
-  load_pair<In, PIn>(d, x, i, half, xa, xb);
-  rotate_vectors<Out, RoundEach, Full>(d, xa, xb, i, a, ya, yb);
+  vf32 ya, yb;
+  load_rotate<In, Out, PIn, RoundEach, Full>(d, x, i, half, a, no_pre{}, ya, yb);
   store_pair<Out, POut>(d, ya, yb, y, i, half);
 }
 
@@ -414,12 +429,6 @@ HWY_INLINE void rotate_step(df32 d, const typename In::storage* x, typename Out:
 // before any store (so in place reads only original values) and stored last, with plain
 // stores (it is not aligned); overlapped pairs get the same value twice. Rows shorter than one
 // vector go through zero-padded copies: nothing is read or written past the row.
-// `pre(v, second, i)` transforms each loaded vector before the rotation (the identity, or
-// QK RMSNorm's x r w); `second` tells the pair's second elements from its first.
-struct no_pre {
-  HWY_INLINE vf32 operator()(vf32 v, bool, std::int64_t) const { return v; }
-};
-
 template <class In, class Out, pairs PIn, pairs POut, bool RoundEach, bool Full, class Pre = no_pre>
 HWY_INLINE void rotate_whole_vectors(df32 d, const typename In::storage* x,
                                      typename Out::storage* y, token_angles a, std::int64_t half,
@@ -428,16 +437,10 @@ HWY_INLINE void rotate_whole_vectors(df32 d, const typename In::storage* x,
   const std::int64_t last = half - n;
   const bool overlap = half % n != 0;
   vf32 ta = hn::Zero(d), tb = hn::Zero(d);
-  if (overlap) {
-    vf32 xa, xb;
-    load_pair<In, PIn>(d, x, last, half, xa, xb);
-    rotate_vectors<Out, RoundEach, Full>(d, pre(xa, false, last), pre(xb, true, last), last, a, ta,
-                                         tb);
-  }
+  if (overlap) load_rotate<In, Out, PIn, RoundEach, Full>(d, x, last, half, a, pre, ta, tb);
   for (std::int64_t i = 0; i + n <= half; i += n) {
-    vf32 xa, xb, ya, yb;
-    load_pair<In, PIn>(d, x, i, half, xa, xb);
-    rotate_vectors<Out, RoundEach, Full>(d, pre(xa, false, i), pre(xb, true, i), i, a, ya, yb);
+    vf32 ya, yb;
+    load_rotate<In, Out, PIn, RoundEach, Full>(d, x, i, half, a, pre, ya, yb);
     store_pair<Out, POut>(d, ya, yb, y, i, half);
   }
   if (overlap) store_pair<typename Out::plain, POut>(d, ta, tb, y, last, half);
@@ -814,6 +817,10 @@ HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename 
       });
 }
 
+// Heads of a block whose RMSNorm sums are found together, forward and backward (4 to 8
+// measured best).
+constexpr std::int64_t norm_group = 4;
+
 // QK RMSNorm + RoPE of one block (q or k) of one token, in groups of four heads: first
 // r = 1 / sqrt(mean(x^2) + eps) of each head of the group (independent sums, so their latency
 // overlaps; one row at a time waited on each sum, then on the square root), then normalise
@@ -829,7 +836,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
   const float inv_d = 1.0f / static_cast<float>(D);
-  constexpr std::int64_t group = 4;  // heads whose sums are found together (4 to 8 measured best)
+  constexpr std::int64_t group = norm_group;
   float inv_rms[group];
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
     if (hd % group == 0) {
@@ -885,7 +892,6 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
 // are summed in fp32 over the heads of one token, then added into the fp64 accumulator.
 // `rows` holds dh and x in fp32 for each head of a group, then the token's weight-gradient
 // terms.
-constexpr std::int64_t backward_group = 4;  // heads per group, as in the forward
 
 template <class IO, pairs PIn, pairs POut>
 HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block& blk,
@@ -895,7 +901,7 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   using T = typename IO::storage;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
-  constexpr std::int64_t group = backward_group;
+  constexpr std::int64_t group = norm_group;
   float* tdw = rows + 2 * group * D;
   float r_of[group], coef_of[group];
   const float inv_d = 1.0f / static_cast<float>(D);
@@ -956,7 +962,7 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   using T = typename IO::storage;
   const df32 d;
   thread_local std::vector<float> rows;
-  rows.assign(static_cast<std::size_t>((2 * backward_group + 1) * p.head_dim), 0.0f);
+  rows.assign(static_cast<std::size_t>((2 * norm_group + 1) * p.head_dim), 0.0f);
   for_each_block<T>(p, first, last, thread_scratch(p),
                     [&](std::int64_t b, std::int64_t s, const token_angles& a,
                         const head_block& blk, const T* g_in, T* dx_out) {
