@@ -82,4 +82,31 @@ TEST(Overlap, SelfOverlapAndSameView) {
   EXPECT_FALSE(views_share_memory(a, tensor_view::contiguous(nullptr, dtype::f32, {0, 8})));
 }
 
+TEST(Overlap, ByteExtents) {
+  float buf[64];
+  const auto at = [&](const float* p) {
+    return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(p));
+  };
+  const detail::byte_span rows = detail::byte_extent(tensor_view(buf, dtype::f32, {3, 4}, {16, 1}));
+  EXPECT_EQ(rows.lo, at(buf));
+  EXPECT_EQ(rows.hi, at(buf + 36));
+  // a negative stride reaches below its pointer
+  const detail::byte_span down =
+      detail::byte_extent(tensor_view(buf + 32, dtype::f32, {3, 4}, {-16, 1}));
+  EXPECT_EQ(down.lo, at(buf));
+  EXPECT_EQ(down.hi, at(buf + 36));
+  // no elements: an empty span, meeting nothing, not even a view around its pointer
+  const tensor_view empty(buf + 8, dtype::f32, {0, 4}, {4, 1});
+  const detail::byte_span none = detail::byte_extent(empty);
+  EXPECT_EQ(none.lo, none.hi);
+  EXPECT_FALSE(detail::spans_meet(none, rows));
+  EXPECT_FALSE(detail::spans_meet(rows, none));
+  EXPECT_FALSE(views_share_memory(empty, tensor_view::contiguous(buf, dtype::f32, {64})));
+  // spans that touch end to start do not meet; one byte more does
+  const detail::byte_span first{0, 16}, next{16, 32}, into{15, 32};
+  EXPECT_FALSE(detail::spans_meet(first, next));
+  EXPECT_TRUE(detail::spans_meet(first, into));
+  EXPECT_TRUE(detail::spans_meet(into, first));
+}
+
 }  // namespace

@@ -109,24 +109,24 @@ bool overlap_from(const byte_layout& a, int da, std::int64_t a0, const byte_layo
   return rows_overlap(a, da, a0, b, db, b0);
 }
 
-// [first, last) bytes any element of v may touch.
-std::pair<std::int64_t, std::int64_t> extent(const tensor_view& v) {
-  const auto es = static_cast<std::int64_t>(size_of(v.type));
-  std::int64_t lo = reinterpret_cast<std::intptr_t>(v.data), hi = lo + es;
-  for (int i = 0; i < v.rank; ++i) {
-    const std::int64_t reach = (v.shape[i] - 1) * v.strides[i] * es;
-    (reach < 0 ? lo : hi) += reach;
-  }
-  return {lo, hi};
-}
-
 }  // namespace
 
+byte_span byte_extent(const tensor_view& v) {
+  const auto es = static_cast<std::int64_t>(size_of(v.type));
+  byte_span s;
+  s.lo = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(v.data));
+  s.hi = s.lo + es;
+  for (int i = 0; i < v.rank; ++i) {
+    if (v.shape[i] == 0) return {s.lo, s.lo};
+    const std::int64_t reach = (v.shape[i] - 1) * v.strides[i] * es;
+    (reach < 0 ? s.lo : s.hi) += reach;
+  }
+  return s;
+}
+
 bool views_share_memory(const tensor_view& a, const tensor_view& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const auto [a_lo, a_hi] = extent(a);
-  const auto [b_lo, b_hi] = extent(b);
-  if (a_hi <= b_lo || b_hi <= a_lo) return false;  // apart: the common case, decided cheaply
+  // apart (or empty): the common case, decided cheaply
+  if (!spans_meet(byte_extent(a), byte_extent(b))) return false;
   const byte_layout la = layout_of(a), lb = layout_of(b);
   return overlap_from(la, 0, la.base, lb, 0, lb.base);
 }

@@ -5,6 +5,17 @@
 
 namespace tilerope::detail {
 
+// [lo, hi): the bytes any element of a view may touch; empty (lo = hi) for no elements.
+struct byte_span {
+  std::int64_t lo = 0, hi = 0;
+};
+byte_span byte_extent(const tensor_view& v);
+
+// Spans that share no byte cannot overlap: the cheap test before views_share_memory.
+inline bool spans_meet(byte_span a, byte_span b) {
+  return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+
 // True when some byte belongs to an element of both views.
 bool views_share_memory(const tensor_view& a, const tensor_view& b);
 

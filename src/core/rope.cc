@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "core/overlap.h"
@@ -337,6 +338,7 @@ struct named_view {
   const char* name;
   const tensor_view* view;
   const tensor_view* own_input;  // written views: the input it may exactly be (in place)
+  detail::byte_span span;        // its bytes' extent, found once
 };
 
 // The views one call writes and reads. Fixed arrays: this runs on every call, decode included.
@@ -346,10 +348,17 @@ struct operand_list {
   named_view read[10];
   std::size_t n_read = 0;
   void write(const char* name, const tensor_view& v, const tensor_view* own = nullptr) {
-    written[n_written++] = {name, &v, own};
+    written[n_written++] = {name, &v, own, detail::byte_extent(v)};
   }
-  void read_from(const char* name, const tensor_view& v) { read[n_read++] = {name, &v, nullptr}; }
+  void read_from(const char* name, const tensor_view& v) {
+    read[n_read++] = {name, &v, nullptr, detail::byte_extent(v)};
+  }
 };
+
+// Whether two operands share a byte: exact, after the test of their extents.
+bool operands_overlap(const named_view& a, const named_view& b) {
+  return detail::spans_meet(a.span, b.span) && detail::views_share_memory(*a.view, *b.view);
+}
 
 void check_overlaps(const operand_list& ops) {
   for (std::size_t i = 0; i < ops.n_written; ++i) {
@@ -364,14 +373,14 @@ void check_overlaps(const operand_list& ops) {
     for (std::size_t j = 0; j < ops.n_read; ++j) {
       const auto& r = ops.read[j];
       if (r.view == w.own_input && detail::same_view(*w.view, *r.view)) continue;
-      if (detail::views_share_memory(*w.view, *r.view)) {
+      if (operands_overlap(w, r)) {
         throw error(describe(w.name, *w.view) + " overlaps " + describe(r.name, *r.view) +
                     "; an output may only be exactly its own input (in place)");
       }
     }
     for (std::size_t j = i + 1; j < ops.n_written; ++j) {
       const auto& o = ops.written[j];
-      if (detail::views_share_memory(*w.view, *o.view)) {
+      if (operands_overlap(w, o)) {
         throw error(describe(w.name, *w.view) + " overlaps " + describe(o.name, *o.view));
       }
     }
@@ -470,8 +479,9 @@ void check_token_rows(const rope_angles& a, const tensor_view& q, token_dims t, 
 struct plan_storage {
   std::vector<double> inv_freq;
   std::vector<float> inv_freq_f32;
-  std::vector<float> weight[2];
-  std::vector<float> weight_pairs[2];  // weight_a then weight_b
+  // per block (q, k): the norm weight [head_dim] in fp32, then its r/2 pairs' first and second
+  // weights where they are not already its two halves (gptj); one allocation, not cleared
+  std::unique_ptr<float[]> weights;
   std::vector<double> weight_grad[2];
 };
 
@@ -613,8 +623,8 @@ void add_rotation_operands(operand_list& ops, const rope_tensors& x) {
   if (x.k) ops.write(x.k_out ? "k_out" : "k (in place)", x.k_out ? *x.k_out : *x.k, &*x.k);
 }
 
-// A norm weight [head_dim] (f32, f16 or bf16), as fp32.
-std::vector<float> weight_as_f32(const char* name, const tensor_view& w, std::int64_t head_dim) {
+// A norm weight [head_dim] (f32, f16 or bf16), checked, as fp32 into `to`.
+void weight_as_f32(const char* name, const tensor_view& w, std::int64_t head_dim, float* to) {
   if (w.rank != 1 || w.shape[0] != head_dim) {
     throw error(std::string(name) + " shape " + w.shape_string() + " must be [head_dim] = [" +
                 num(head_dim) + "]");
@@ -625,14 +635,11 @@ std::vector<float> weight_as_f32(const char* name, const tensor_view& w, std::in
   }
   check_last_contiguous(name, w);
   check_data(name, w);
-  std::vector<float> f(static_cast<std::size_t>(head_dim));
   if (w.type == dtype::f32) {
-    std::memcpy(f.data(), w.data, f.size() * sizeof(float));
+    std::memcpy(to, w.data, static_cast<std::size_t>(head_dim) * sizeof(float));
   } else {  // f16, bf16: the kernels' vector conversion (a decode call converts both weights)
-    detail::convert_16_to_f32(w.type, static_cast<const std::uint16_t*>(w.data), f.data(),
-                              head_dim);
+    detail::convert_16_to_f32(w.type, static_cast<const std::uint16_t*>(w.data), to, head_dim);
   }
-  return f;
 }
 
 // The normalisation's parameters, checked against x (k present or not) and set on the plan.
@@ -654,28 +661,33 @@ void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan, plan_st
   if (has_k != norm.k_weight.has_value()) {
     throw error(has_k ? "k_weight is required when k is given" : "k_weight is given but k is not");
   }
-  st.weight[0] = weight_as_f32("q_weight", norm.q_weight, plan.head_dim);
-  plan.blocks[0].weight = st.weight[0].data();
-  if (has_k) {
-    st.weight[1] = weight_as_f32("k_weight", *norm.k_weight, plan.head_dim);
-    plan.blocks[1].weight = st.weight[1].data();
-  }
   if (norm.rounding == qk_norm_rounding::hf_qwen3 &&
       (plan.in_pairs != detail::pairs::halves || plan.out_pairs != detail::pairs::halves)) {
     throw error("rounding hf_qwen3 is Qwen3's rotate_half evaluation order: it needs style neox");
   }
-  // the weights in pair order of the forward's input: (i, i + r/2) or (2i, 2i + 1)
-  const std::int64_t half = plan.rotary_dim / 2;
+  // the weights in pair order of the forward's input: (i, i + r/2), the weight's own halves,
+  // or (2i, 2i + 1), taken apart
+  const std::int64_t D = plan.head_dim, half = plan.rotary_dim / 2;
   const bool adjacent = plan.style == rope_style::gptj;
+  const std::int64_t per_block = D + (adjacent ? 2 * half : 0);
+  st.weights.reset(new float[static_cast<std::size_t>(plan.num_blocks * per_block)]);
+  const tensor_view* given[2] = {&norm.q_weight, has_k ? &*norm.k_weight : nullptr};
   for (int k = 0; k < plan.num_blocks; ++k) {
-    std::vector<float>& pw = st.weight_pairs[k];
-    pw.resize(static_cast<std::size_t>(2 * half));
-    for (std::int64_t i = 0; i < half; ++i) {
-      pw[i] = st.weight[k][adjacent ? 2 * i : i];
-      pw[half + i] = st.weight[k][adjacent ? 2 * i + 1 : half + i];
+    float* w = st.weights.get() + k * per_block;
+    weight_as_f32(k == 0 ? "q_weight" : "k_weight", *given[k], D, w);
+    detail::head_block& b = plan.blocks[k];
+    b.weight = w;
+    b.weight_a = w;
+    b.weight_b = w + half;
+    if (adjacent) {
+      float* pairs = w + D;
+      for (std::int64_t i = 0; i < half; ++i) {
+        pairs[i] = w[2 * i];
+        pairs[half + i] = w[2 * i + 1];
+      }
+      b.weight_a = pairs;
+      b.weight_b = pairs + half;
     }
-    plan.blocks[k].weight_a = pw.data();
-    plan.blocks[k].weight_b = pw.data() + half;
   }
   plan.qk_norm = true;
   plan.eps = static_cast<float>(norm.eps);
