@@ -90,14 +90,23 @@ TEST(Kernels, SweepMatchesGolden) {
 }
 
 // QK RMSNorm + RoPE over head dims whose half is shorter than a vector on some targets (the
-// fp32 row path) or leaves an overlapping last vector, with partial rotary, both roundings,
-// split-half output and the backward.
+// fp32 row path), leaves an overlapping last vector, or is 1, 2 or 4 whole AVX-512 vectors
+// (the weights folded into angles held in registers), with partial rotary, both roundings,
+// split-half output (in place and not) and the backward.
 TEST(Kernels, QkNormSweepMatchesGolden) {
   std::uint64_t seed = 900;
   int n = 0;
   for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
-    for (auto [d, r] : std::vector<std::pair<int, int>>{
-             {6, 6}, {10, 10}, {20, 20}, {34, 30}, {40, 40}, {80, 80}, {96, 64}}) {
+    for (auto [d, r] : std::vector<std::pair<int, int>>{{6, 6},
+                                                        {10, 10},
+                                                        {20, 20},
+                                                        {32, 32},
+                                                        {34, 30},
+                                                        {40, 40},
+                                                        {64, 64},
+                                                        {80, 80},
+                                                        {96, 64},
+                                                        {128, 128}}) {
       for (int variant = 0; variant < 5; ++variant) {
         rope_case c;
         c.name = "qknorm-sweep";
@@ -122,7 +131,7 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
       }
     }
   }
-  EXPECT_EQ(n, 3 * 7 * 5);
+  EXPECT_EQ(n, 3 * 10 * 5);
 }
 
 // Position 0 is the identity, bit for bit, in every dtype.

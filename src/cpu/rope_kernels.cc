@@ -772,7 +772,7 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
 
 // Sum of x^2 over n elements, in fp32 (two accumulators: half the dependent chain).
 template <class IO>
-float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
+HWY_INLINE float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   vf32 acc0 = hn::Zero(d), acc1 = hn::Zero(d);
   std::int64_t j = 0;
@@ -821,13 +821,83 @@ HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename 
 // measured best).
 constexpr std::int64_t norm_group = 4;
 
+// r = 1 / sqrt(mean(x^2) + eps) of the block's heads [h0, h0 + norm_group) (fewer at its end)
+// into r: independent sums, so that their latency overlaps.
+template <class IO>
+HWY_INLINE void group_inverse_rms(df32 d, const rope_plan& p, const head_block& blk,
+                                  const typename IO::storage* in, std::int64_t h0, float* r) {
+  const float inv_d = 1.0f / static_cast<float>(p.head_dim);
+  for (std::int64_t g = h0; g < std::min(h0 + norm_group, blk.heads); ++g) {
+    const float mean = sum_of_squares<IO>(d, in + g * blk.in_h, p.head_dim) * inv_d;
+    r[g - h0] = 1.0f / std::sqrt(mean + p.eps);
+  }
+}
+
+// A token's angles with one block's RMSNorm weights folded in (fp32_once), held in registers
+// across the block's heads: NV vectors of pairs (r/2 = NV lanes, NV = 1, 2, 4; with 32 vector
+// registers the 4 NV of them leave room for the row), so that a row's only loads are its own
+//     y_a = (x_a r) (wa ca) - (x_b r) (wb sa),   y_b = (x_b r) (wb cb) + (x_a r) (wa sb)
+// two multiplies fewer per vector of pairs than x r w, and no angle or weight loads.
+template <int NV>
+struct folded_angles {
+  vf32 ca[NV], sa[NV], cb[NV], sb[NV];
+  HWY_INLINE folded_angles(df32 d, const token_angles& a, const float* wa, const float* wb) {
+    const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+    for (int v = 0; v < NV; ++v) {
+      const vf32 va = hn::LoadU(d, wa + v * n), vb = hn::LoadU(d, wb + v * n);
+      ca[v] = hn::Mul(va, hn::LoadU(d, a.ca + v * n));
+      sa[v] = hn::Mul(vb, hn::LoadU(d, a.sa + v * n));
+      cb[v] = hn::Mul(vb, hn::LoadU(d, a.cb + v * n));
+      sb[v] = hn::Mul(va, hn::LoadU(d, a.sb + v * n));
+    }
+  }
+};
+
+// One row through folded_angles: x scaled by r, rotated, stored. With a changed layout the
+// whole row is loaded before any of it is stored (it may be in place).
+template <class IO, pairs PIn, pairs POut, int NV>
+HWY_INLINE void scale_rotate_row_held(df32 d, const typename IO::storage* x,
+                                      typename IO::storage* y, const folded_angles<NV>& f,
+                                      std::int64_t half, float r) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  const vf32 rv = hn::Set(d, r);
+  constexpr int ahead = PIn == POut ? 1 : NV;  // vectors of pairs loaded before storing
+  vf32 xa[NV], xb[NV];
+  for (int v = 0; v < ahead; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
+  for (int v = 0; v < NV; ++v) {
+    if (PIn == POut && v > 0) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
+    const vf32 sa = hn::Mul(in_register(xa[v]), rv), sb = hn::Mul(in_register(xb[v]), rv);
+    const vf32 ya = hn::MulSub(sa, f.ca[v], hn::Mul(sb, f.sa[v]));
+    const vf32 yb = hn::MulAdd(sb, f.cb[v], hn::Mul(sa, f.sb[v]));
+    store_pair<IO, POut>(d, ya, yb, y, v * n, half);
+  }
+}
+
+// QK RMSNorm + RoPE (fp32_once) of one block of one token whose rows are NV whole vectors of
+// pairs, through folded_angles held in registers; the sums in groups of four heads as in
+// norm_rotate_block. Out of line: inlined there, its registers were spilled for 16-bit x.
+template <class IO, pairs PIn, pairs POut, int NV>
+HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
+                                         const typename IO::storage* in, typename IO::storage* out,
+                                         const token_angles& a) {
+  const std::int64_t half = p.rotary_dim / 2;
+  const folded_angles<NV> f(d, a, blk.weight_a, blk.weight_b);
+  float inv_rms[norm_group];
+  for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
+    if (hd % norm_group == 0) group_inverse_rms<IO>(d, p, blk, in, hd, inv_rms);
+    scale_rotate_row_held<IO, PIn, POut, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
+                                             inv_rms[hd % norm_group]);
+  }
+}
+
 // QK RMSNorm + RoPE of one block (q or k) of one token, in groups of four heads: first
 // r = 1 / sqrt(mean(x^2) + eps) of each head of the group (independent sums, so their latency
 // overlaps; one row at a time waited on each sum, then on the square root), then normalise
 // and rotate each row in one pass over it. A group's rows are still in L1 when they are
 // read again; taking the sums of a whole block (32 heads) first measured slower for f32 in
 // memory (0.31 against 0.23 ns per element). Rows shorter than a vector of pairs go through
-// h = x r w in fp32 scratch `h`.
+// h = x r w in fp32 scratch `h`. With fp32_once, rows of 1, 2 or 4 whole vectors of pairs and
+// 32 vector registers take norm_rotate_block_held (f32 in cache 0.18 to 0.135 ns per element).
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
@@ -835,16 +905,16 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
   using T = typename IO::storage;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
-  const float inv_d = 1.0f / static_cast<float>(D);
   constexpr std::int64_t group = norm_group;
   float inv_rms[group];
+  if constexpr (!HfRound) {
+    const int held = lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
+    if (held == 4) return norm_rotate_block_held<IO, PIn, POut, 4>(d, p, blk, in, out, a);
+    if (held == 2) return norm_rotate_block_held<IO, PIn, POut, 2>(d, p, blk, in, out, a);
+    if (held == 1) return norm_rotate_block_held<IO, PIn, POut, 1>(d, p, blk, in, out, a);
+  }
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
-    if (hd % group == 0) {
-      for (std::int64_t g = hd; g < std::min(hd + group, blk.heads); ++g) {
-        const float mean = sum_of_squares<IO>(d, in + g * blk.in_h, D) * inv_d;
-        inv_rms[g - hd] = 1.0f / std::sqrt(mean + p.eps);
-      }
-    }
+    if (hd % group == 0) group_inverse_rms<IO>(d, p, blk, in, hd, inv_rms);
     const T* x = in + hd * blk.in_h;
     T* y = out + hd * blk.out_h;
     const float r = inv_rms[hd % group];
