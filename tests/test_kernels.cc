@@ -375,12 +375,14 @@ TEST(Kernels, SplitHalfInPlaceEqualsOutOfPlace) {
 
 // Full-width rows take two angle vectors per step only when both cos and sin have equal
 // halves: rows where just one of them differs, in one column, must still rotate with all
-// four, forward and backward, as x*cos + rotate_half(x)*sin.
+// four, forward and backward, as x*cos + rotate_half(x)*sin. Head dim 80 rotates from memory,
+// 128 through angles held in registers (AVX-512).
 TEST(Kernels, FullWidthRowsWithOneDifferingHalfUseIt) {
-  const std::int64_t T = 6, H = 3, D = 80, half = D / 2;
+  const std::int64_t T = 6, H = 3;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);
-  for (int which = 0; which < 2; ++which) {  // cos or sin differs
+  for (int which = 0; which < 4; ++which) {  // cos or sin differs; head dim 80 or 128
+    const std::int64_t D = which < 2 ? 80 : 128, half = D / 2;
     for (bool backward : {false, true}) {
       std::vector<float> x(T * H * D), y(x.size()), cos(T * D), sin(T * D);
       for (auto& v : x) v = u(rng);
@@ -389,7 +391,7 @@ TEST(Kernels, FullWidthRowsWithOneDifferingHalfUseIt) {
           cos[t * D + j] = cos[t * D + half + j] = u(rng);
           sin[t * D + j] = sin[t * D + half + j] = u(rng);
         }
-        std::vector<float>& row = which == 0 ? cos : sin;
+        std::vector<float>& row = which % 2 == 0 ? cos : sin;
         row[t * D + half + (t * 7) % half] += 0.5f;
       }
       rope_tensors rt;
@@ -423,7 +425,8 @@ TEST(Kernels, FullWidthRowsWithOneDifferingHalfUseIt) {
           }
         }
       }
-      EXPECT_LT(worst, 1e-6) << (which == 0 ? "cos" : "sin") << " backward " << backward;
+      EXPECT_LT(worst, 1e-6) << (which % 2 == 0 ? "cos" : "sin") << " D " << D << " backward "
+                             << backward;
     }
   }
 }

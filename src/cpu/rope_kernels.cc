@@ -701,6 +701,54 @@ inline int held_vectors(std::int64_t half, std::int64_t lanes) {
   return nv == 1 || nv == 2 || nv == 4 ? static_cast<int>(nv) : 0;
 }
 
+// A token's angles held in registers across a block's heads: NV vectors of pairs (r/2 = NV
+// lanes), two vectors each, or four for full-width rows.
+template <bool Full, int NV>
+struct held_angles {
+  vf32 ca[NV], sa[NV], cb[Full ? NV : 1], sb[Full ? NV : 1];
+  HWY_INLINE held_angles(df32 d, const token_angles& a) {
+    const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+    for (int v = 0; v < NV; ++v) {
+      ca[v] = hn::LoadU(d, a.ca + v * n);
+      sa[v] = hn::LoadU(d, a.sa + v * n);
+      if constexpr (Full) {
+        cb[v] = hn::LoadU(d, a.cb + v * n);
+        sb[v] = hn::LoadU(d, a.sb + v * n);
+      }
+    }
+  }
+};
+
+// The heads of one block through held_angles: a row's only loads are its own. With a changed
+// layout each row is loaded whole before it is stored (it may be in place).
+template <class IO, pairs PIn, pairs POut, bool Full, int NV>
+HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
+                                    const typename IO::storage* in, typename IO::storage* out,
+                                    const token_angles& a) {
+  using T = typename IO::storage;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
+  const std::int64_t pass = p.head_dim - rotary;
+  const held_angles<Full, NV> f(d, a);
+  constexpr int ahead = PIn == POut ? 1 : NV;  // vectors of pairs loaded before storing
+  for (std::int64_t h = 0; h < blk.heads; ++h) {
+    const T* x = in + h * blk.in_h;
+    T* y = out + h * blk.out_h;
+    if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
+    vf32 xa[NV], xb[NV];
+    for (int v = 0; v < ahead; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
+    for (int v = 0; v < NV; ++v) {
+      if (PIn == POut && v > 0) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
+      const vf32 sa = in_register(xa[v]), sb = in_register(xb[v]);
+      const vf32 cb = Full ? f.cb[Full ? v : 0] : f.ca[v];
+      const vf32 snb = Full ? f.sb[Full ? v : 0] : f.sa[v];
+      const vf32 ya = hn::MulSub(sa, f.ca[v], hn::Mul(sb, f.sa[v]));
+      const vf32 yb = hn::MulAdd(sb, cb, hn::Mul(sa, snb));
+      store_pair<IO, POut>(d, ya, yb, y, v * n, half);
+    }
+  }
+}
+
 // The heads of one block (q or k) of one token. Full (four angle vectors or two) is decided
 // once per token.
 template <class IO, pairs PIn, pairs POut, bool Full>
@@ -712,13 +760,18 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   const std::int64_t pass = p.head_dim - rotary;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const bool whole = half >= lanes;
-  const int held = PIn != POut ? held_vectors(half, lanes) : 0;
+  const int held = held_vectors(half, lanes);
+  if (lanes >= 16 && held != 0) {
+    if (held == 4) return rotate_block_held<IO, PIn, POut, Full, 4>(d, p, blk, in, out, a);
+    if (held == 2) return rotate_block_held<IO, PIn, POut, Full, 2>(d, p, blk, in, out, a);
+    return rotate_block_held<IO, PIn, POut, Full, 1>(d, p, blk, in, out, a);
+  }
   for (std::int64_t h = 0; h < blk.heads; ++h) {
     const T* x = in + h * blk.in_h;
     T* y = out + h * blk.out_h;
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
     if constexpr (PIn != POut) {
-      if (x == y && held != 0) {
+      if (x == y && held != 0) {  // fewer than 16 lanes
         if (held == 1) rotate_row_held<IO, PIn, POut, Full, 1>(d, y, a, half);
         if (held == 2) rotate_row_held<IO, PIn, POut, Full, 2>(d, y, a, half);
         if (held == 4) rotate_row_held<IO, PIn, POut, Full, 4>(d, y, a, half);
