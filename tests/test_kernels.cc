@@ -91,7 +91,7 @@ TEST(Kernels, SweepMatchesGolden) {
 
 // QK RMSNorm + RoPE over head dims whose half is shorter than a vector on some targets (the
 // fp32 row path), leaves an overlapping last vector, or is 1, 2 or 4 whole AVX-512 vectors
-// (the weights folded into angles held in registers), with partial rotary, both roundings,
+// (f32: the weights folded into angles held in registers), with partial rotary, both roundings,
 // split-half output (in place and not) and the backward.
 TEST(Kernels, QkNormSweepMatchesGolden) {
   std::uint64_t seed = 900;
