@@ -717,6 +717,15 @@ struct held_angles {
       }
     }
   }
+  // the second element's cos and sin (the first's unless the rows are full-width)
+  HWY_INLINE vf32 cos_b(int v) const {
+    if constexpr (Full) return cb[v];
+    return ca[v];
+  }
+  HWY_INLINE vf32 sin_b(int v) const {
+    if constexpr (Full) return sb[v];
+    return sa[v];
+  }
 };
 
 // The heads of one block through held_angles: a row's only loads are its own. With a changed
@@ -739,11 +748,9 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
     for (int v = 0; v < ahead; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
     for (int v = 0; v < NV; ++v) {
       if (PIn == POut && v > 0) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-      const vf32 sa = in_register(xa[v]), sb = in_register(xb[v]);
-      const vf32 cb = Full ? f.cb[Full ? v : 0] : f.ca[v];
-      const vf32 snb = Full ? f.sb[Full ? v : 0] : f.sa[v];
-      const vf32 ya = hn::MulSub(sa, f.ca[v], hn::Mul(sb, f.sa[v]));
-      const vf32 yb = hn::MulAdd(sb, cb, hn::Mul(sa, snb));
+      const vf32 first = in_register(xa[v]), second = in_register(xb[v]);
+      const vf32 ya = hn::MulSub(first, f.ca[v], hn::Mul(second, f.sa[v]));
+      const vf32 yb = hn::MulAdd(second, f.cos_b(v), hn::Mul(first, f.sin_b(v)));
       store_pair<IO, POut>(d, ya, yb, y, v * n, half);
     }
   }
@@ -919,9 +926,9 @@ HWY_INLINE void scale_rotate_row_held(df32 d, const typename IO::storage* x,
   for (int v = 0; v < ahead; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
   for (int v = 0; v < NV; ++v) {
     if (PIn == POut && v > 0) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-    const vf32 sa = hn::Mul(in_register(xa[v]), rv), sb = hn::Mul(in_register(xb[v]), rv);
-    const vf32 ya = hn::MulSub(sa, f.ca[v], hn::Mul(sb, f.sa[v]));
-    const vf32 yb = hn::MulAdd(sb, f.cb[v], hn::Mul(sa, f.sb[v]));
+    const vf32 first = hn::Mul(in_register(xa[v]), rv), second = hn::Mul(in_register(xb[v]), rv);
+    const vf32 ya = hn::MulSub(first, f.ca[v], hn::Mul(second, f.sa[v]));
+    const vf32 yb = hn::MulAdd(second, f.cb[v], hn::Mul(first, f.sb[v]));
     store_pair<IO, POut>(d, ya, yb, y, v * n, half);
   }
 }
