@@ -678,23 +678,48 @@ HWY_INLINE const T* readable_row(const T* x, const T* y, T* row_copy, std::int64
   return x;
 }
 
-// In place with a changed layout, a row of NV whole vectors of pairs (NV = 1, 2, 4: r/2 up to
-// 64 with AVX-512's 16 lanes) is held in registers: all of it read, then all of it written,
-// without the copy of the row that readable_row makes.
-template <class IO, pairs PIn, pairs POut, bool Full, int NV>
-HWY_INLINE void rotate_row_held(df32 d, typename IO::storage* xy, const token_angles& a,
-                                std::int64_t half) {
+// The angles of a row's NV vectors of pairs, as a row of whole vectors takes them: ca(v),
+// sa(v) for the first element of each pair and, when `full`, cb(v), sb(v) for the second.
+// Read from memory at each use (memory_angles), or held in registers across a block's heads
+// (held_angles, folded_angles).
+template <bool Full>
+struct memory_angles {
+  static constexpr bool full = Full;
+  df32 d;
+  token_angles a;
+  std::int64_t n;
+  HWY_INLINE vf32 ca(int v) const { return in_register(hn::LoadU(d, a.ca + v * n)); }
+  HWY_INLINE vf32 sa(int v) const { return in_register(hn::LoadU(d, a.sa + v * n)); }
+  HWY_INLINE vf32 cb(int v) const { return in_register(hn::LoadU(d, a.cb + v * n)); }
+  HWY_INLINE vf32 sb(int v) const { return in_register(hn::LoadU(d, a.sb + v * n)); }
+};
+
+// A row of NV whole vectors of pairs, each transformed by `pre` (the identity, or QK
+// RMSNorm's x r), rotated through `f` and stored. With a changed layout the whole row is
+// loaded before any of it is stored, so it may be in place without a copy of the row.
+template <class IO, pairs PIn, pairs POut, int NV, class Angles, class Pre>
+HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typename IO::storage* y,
+                                   const Angles& f, std::int64_t half, Pre pre) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr int ahead = PIn == POut ? 1 : NV;  // vectors of pairs loaded before storing
   vf32 xa[NV], xb[NV];
-  for (int v = 0; v < NV; ++v) load_pair<IO, PIn>(d, xy, v * n, half, xa[v], xb[v]);
+  for (int v = 0; v < ahead; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
   for (int v = 0; v < NV; ++v) {
-    vf32 ya, yb;
-    rotate_vectors<IO, false, Full>(d, xa[v], xb[v], v * n, a, ya, yb);
-    store_pair<IO, POut>(d, ya, yb, xy, v * n, half);
+    if (PIn == POut && v > 0) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
+    const vf32 first = pre(in_register(xa[v])), second = pre(in_register(xb[v]));
+    const vf32 ca = f.ca(v), sa = f.sa(v);
+    const vf32 cb = Angles::full ? f.cb(v) : ca, sb = Angles::full ? f.sb(v) : sa;
+    const vf32 ya = hn::MulSub(first, ca, hn::Mul(second, sa));
+    const vf32 yb = hn::MulAdd(second, cb, hn::Mul(first, sb));
+    store_pair<IO, POut>(d, ya, yb, y, v * n, half);
   }
 }
 
-// How many whole vectors of pairs a row has, when rotate_row_held can hold them (else 0).
+struct identity {
+  HWY_INLINE vf32 operator()(vf32 v) const { return v; }
+};
+
+// How many whole vectors of pairs a row has, when rotate_row_vectors takes it (else 0).
 inline int held_vectors(std::int64_t half, std::int64_t lanes) {
   if (half % lanes != 0) return 0;
   const std::int64_t nv = half / lanes;
@@ -705,54 +730,39 @@ inline int held_vectors(std::int64_t half, std::int64_t lanes) {
 // lanes), two vectors each, or four for full-width rows.
 template <bool Full, int NV>
 struct held_angles {
-  vf32 ca[NV], sa[NV], cb[Full ? NV : 1], sb[Full ? NV : 1];
+  static constexpr bool full = Full;
+  vf32 c[NV], s[NV], c2[Full ? NV : 1], s2[Full ? NV : 1];
   HWY_INLINE held_angles(df32 d, const token_angles& a) {
     const auto n = static_cast<std::int64_t>(hn::Lanes(d));
     for (int v = 0; v < NV; ++v) {
-      ca[v] = hn::LoadU(d, a.ca + v * n);
-      sa[v] = hn::LoadU(d, a.sa + v * n);
+      c[v] = hn::LoadU(d, a.ca + v * n);
+      s[v] = hn::LoadU(d, a.sa + v * n);
       if constexpr (Full) {
-        cb[v] = hn::LoadU(d, a.cb + v * n);
-        sb[v] = hn::LoadU(d, a.sb + v * n);
+        c2[v] = hn::LoadU(d, a.cb + v * n);
+        s2[v] = hn::LoadU(d, a.sb + v * n);
       }
     }
   }
-  // the second element's cos and sin (the first's unless the rows are full-width)
-  HWY_INLINE vf32 cos_b(int v) const {
-    if constexpr (Full) return cb[v];
-    return ca[v];
-  }
-  HWY_INLINE vf32 sin_b(int v) const {
-    if constexpr (Full) return sb[v];
-    return sa[v];
-  }
+  HWY_INLINE vf32 ca(int v) const { return c[v]; }
+  HWY_INLINE vf32 sa(int v) const { return s[v]; }
+  HWY_INLINE vf32 cb(int v) const { return c2[Full ? v : 0]; }
+  HWY_INLINE vf32 sb(int v) const { return s2[Full ? v : 0]; }
 };
 
-// The heads of one block through held_angles: a row's only loads are its own. With a changed
-// layout each row is loaded whole before it is stored (it may be in place).
+// The heads of one block through held_angles: a row's only loads are its own.
 template <class IO, pairs PIn, pairs POut, bool Full, int NV>
 HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
                                     const typename IO::storage* in, typename IO::storage* out,
                                     const token_angles& a) {
   using T = typename IO::storage;
-  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
   const std::int64_t pass = p.head_dim - rotary;
   const held_angles<Full, NV> f(d, a);
-  constexpr int ahead = PIn == POut ? 1 : NV;  // vectors of pairs loaded before storing
   for (std::int64_t h = 0; h < blk.heads; ++h) {
     const T* x = in + h * blk.in_h;
     T* y = out + h * blk.out_h;
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
-    vf32 xa[NV], xb[NV];
-    for (int v = 0; v < ahead; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-    for (int v = 0; v < NV; ++v) {
-      if (PIn == POut && v > 0) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-      const vf32 first = in_register(xa[v]), second = in_register(xb[v]);
-      const vf32 ya = hn::MulSub(first, f.ca[v], hn::Mul(second, f.sa[v]));
-      const vf32 yb = hn::MulAdd(second, f.cos_b(v), hn::Mul(first, f.sin_b(v)));
-      store_pair<IO, POut>(d, ya, yb, y, v * n, half);
-    }
+    rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, f, half, identity{});
   }
 }
 
@@ -779,9 +789,10 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
     if constexpr (PIn != POut) {
       if (x == y && held != 0) {  // fewer than 16 lanes
-        if (held == 1) rotate_row_held<IO, PIn, POut, Full, 1>(d, y, a, half);
-        if (held == 2) rotate_row_held<IO, PIn, POut, Full, 2>(d, y, a, half);
-        if (held == 4) rotate_row_held<IO, PIn, POut, Full, 4>(d, y, a, half);
+        const memory_angles<Full> f{d, a, lanes};
+        if (held == 1) rotate_row_vectors<IO, PIn, POut, 1>(d, y, y, f, half, identity{});
+        if (held == 2) rotate_row_vectors<IO, PIn, POut, 2>(d, y, y, f, half, identity{});
+        if (held == 4) rotate_row_vectors<IO, PIn, POut, 4>(d, y, y, f, half, identity{});
         continue;
       }
     }
@@ -900,38 +911,23 @@ HWY_INLINE void group_inverse_rms(df32 d, const rope_plan& p, const head_block& 
 // two multiplies fewer per vector of pairs than x r w, and no angle or weight loads.
 template <int NV>
 struct folded_angles {
-  vf32 ca[NV], sa[NV], cb[NV], sb[NV];
+  static constexpr bool full = true;
+  vf32 c[NV], s[NV], c2[NV], s2[NV];
   HWY_INLINE folded_angles(df32 d, const token_angles& a, const float* wa, const float* wb) {
     const auto n = static_cast<std::int64_t>(hn::Lanes(d));
     for (int v = 0; v < NV; ++v) {
       const vf32 va = hn::LoadU(d, wa + v * n), vb = hn::LoadU(d, wb + v * n);
-      ca[v] = hn::Mul(va, hn::LoadU(d, a.ca + v * n));
-      sa[v] = hn::Mul(vb, hn::LoadU(d, a.sa + v * n));
-      cb[v] = hn::Mul(vb, hn::LoadU(d, a.cb + v * n));
-      sb[v] = hn::Mul(va, hn::LoadU(d, a.sb + v * n));
+      c[v] = hn::Mul(va, hn::LoadU(d, a.ca + v * n));
+      s[v] = hn::Mul(vb, hn::LoadU(d, a.sa + v * n));
+      c2[v] = hn::Mul(vb, hn::LoadU(d, a.cb + v * n));
+      s2[v] = hn::Mul(va, hn::LoadU(d, a.sb + v * n));
     }
   }
+  HWY_INLINE vf32 ca(int v) const { return c[v]; }
+  HWY_INLINE vf32 sa(int v) const { return s[v]; }
+  HWY_INLINE vf32 cb(int v) const { return c2[v]; }
+  HWY_INLINE vf32 sb(int v) const { return s2[v]; }
 };
-
-// One row through folded_angles: x scaled by r, rotated, stored. With a changed layout the
-// whole row is loaded before any of it is stored (it may be in place).
-template <class IO, pairs PIn, pairs POut, int NV>
-HWY_INLINE void scale_rotate_row_held(df32 d, const typename IO::storage* x,
-                                      typename IO::storage* y, const folded_angles<NV>& f,
-                                      std::int64_t half, float r) {
-  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  const vf32 rv = hn::Set(d, r);
-  constexpr int ahead = PIn == POut ? 1 : NV;  // vectors of pairs loaded before storing
-  vf32 xa[NV], xb[NV];
-  for (int v = 0; v < ahead; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-  for (int v = 0; v < NV; ++v) {
-    if (PIn == POut && v > 0) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-    const vf32 first = hn::Mul(in_register(xa[v]), rv), second = hn::Mul(in_register(xb[v]), rv);
-    const vf32 ya = hn::MulSub(first, f.ca[v], hn::Mul(second, f.sa[v]));
-    const vf32 yb = hn::MulAdd(second, f.cb[v], hn::Mul(first, f.sb[v]));
-    store_pair<IO, POut>(d, ya, yb, y, v * n, half);
-  }
-}
 
 // QK RMSNorm + RoPE (fp32_once) of one block of one token whose rows are NV whole vectors of
 // pairs, through folded_angles held in registers; the sums in groups of four heads as in
@@ -945,8 +941,9 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
   float inv_rms[norm_group];
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
     if (hd % norm_group == 0) group_inverse_rms<IO>(d, p, blk, in, hd, inv_rms);
-    scale_rotate_row_held<IO, PIn, POut, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
-                                             inv_rms[hd % norm_group]);
+    const vf32 r = hn::Set(d, inv_rms[hd % norm_group]);
+    rotate_row_vectors<IO, PIn, POut, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
+                                          [r](vf32 v) { return hn::Mul(v, r); });
   }
 }
 
