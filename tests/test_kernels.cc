@@ -107,7 +107,9 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
                                                         {80, 80},
                                                         {96, 64},
                                                         {128, 128}}) {
-      for (int variant = 0; variant < 5; ++variant) {
+      // 0-2 forward, 3-8 backward; 5 and 6 span more than one group of four heads; 7 and 8
+      // take random full-width rows (cos, sin halves differ)
+      for (int variant = 0; variant < 9; ++variant) {
         rope_case c;
         c.name = "qknorm-sweep";
         c.qk_norm = true;
@@ -115,13 +117,18 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
         c.head_dim = d;
         c.rotary_dim = r;
         c.tokens = 1 + (variant * 3 + d) % 7;
-        c.q_heads = 2 + variant % 2;
-        c.k_heads = variant == 4 ? 0 : 1;
+        c.q_heads = variant >= 5 ? 6 + variant % 2 : 2 + variant % 2;
+        c.k_heads = variant == 4 ? 0 : variant == 6 ? 5 : 1;
         c.inplace = variant % 2 == 0;
         if (variant == 1) c.norm_rounding = qk_norm_rounding::hf_qwen3;
         if (variant == 2 || variant == 4) {
           c.style = rope_style::gptj;
           c.output_layout = rope_output_layout::split_half;
+        }
+        if (variant == 5 || variant == 8) c.style = rope_style::gptj;
+        if (variant >= 7) {
+          c.rows = "f32";
+          c.random_rows = true;
         }
         c.backward = variant >= 3;
         c.seed = seed++;
@@ -131,7 +138,7 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
       }
     }
   }
-  EXPECT_EQ(n, 3 * 10 * 5);
+  EXPECT_EQ(n, 3 * 10 * 9);
 }
 
 // Position 0 is the identity, bit for bit, in every dtype.
