@@ -98,6 +98,7 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<df32>> f32_to_bf16(df32, vf32 v) {
 struct f32_io {
   using storage = float;
   using plain = f32_io;
+  static constexpr bool cheap_pairs = false;
   static vf32 load(df32 d, const float* p) { return hn::LoadU(d, p); }
   static float load1(const float* p) { return *p; }
   static void store1(float v, float* p) { *p = v; }
@@ -150,6 +151,7 @@ HWY_INLINE hn::Vec<du32_t> load_u16_pairs(const std::uint16_t* p) {
 struct f16_io {
   using storage = std::uint16_t;
   using plain = f16_io;
+  static constexpr bool cheap_pairs = false;
   static float load1(const std::uint16_t* p) { return f16_bits_to_f32(*p); }
   static void store1(float v, std::uint16_t* p) { *p = f32_to_f16_bits(v); }
   // v rounded to f16 and widened back
@@ -234,6 +236,10 @@ struct bf16_io {
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
     return hn::Or(f32_to_bf16(d, even), hn::ShiftLeft<16>(f32_to_bf16(d, odd)));
   }
+  // a vector of pairs widens with one instruction per vector (a shift or a mask) from one
+  // load, where load() takes a widening load and a shift per vector: sums whose order does
+  // not matter take it (QK RMSNorm's sums of squares)
+  static constexpr bool cheap_pairs = true;
   static void load_pairs(df32 d, const std::uint16_t* p, vf32& even, vf32& odd) {
     const auto u = load_u16_pairs(p);
     even = hn::BitCast(d, hn::ShiftLeft<16>(u));
@@ -259,14 +265,19 @@ struct bf16_native_io : bf16_io {
   }
   static hn::Vec<out_tag> encode(df32 d, vf32 v) {
     // vfpclassps category 0x20: denormal (one instruction; the kernels are memory-bound)
-    if (HWY_UNLIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) != 0)) return bf16_io::encode(d, v);
+    const __mmask16 sub = _mm512_fpclass_ps_mask(v.raw, 0x20);
+    if (HWY_UNLIKELY(!_kortestz_mask16_u8(sub, sub))) return bf16_io::encode(d, v);
     return convert(v);
   }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
   // two vectors, one test for a subnormal in either
   static void encode_halves(df32 d, vf32 a, vf32 b, hn::Vec<out_tag>& ea, hn::Vec<out_tag>& eb) {
-    if (HWY_UNLIKELY((_mm512_fpclass_ps_mask(a.raw, 0x20) | _mm512_fpclass_ps_mask(b.raw, 0x20)) !=
-                     0)) {
+    // kortestw sets the flags from both masks: one instruction, where testing their or took
+    // two mask moves to general registers, an or and a test (bf16 qk-norm-rope in cache, one
+    // thread: 0.174 to 0.171 ns per element)
+    const __mmask16 sub_a = _mm512_fpclass_ps_mask(a.raw, 0x20);
+    const __mmask16 sub_b = _mm512_fpclass_ps_mask(b.raw, 0x20);
+    if (HWY_UNLIKELY(!_kortestz_mask16_u8(sub_a, sub_b))) {
       ea = bf16_io::encode(d, a);
       eb = bf16_io::encode(d, b);
       return;
@@ -848,7 +859,13 @@ HWY_INLINE float sum_of_squares(df32 d, const typename IO::storage* x, std::int6
   vf32 acc0 = hn::Zero(d), acc1 = hn::Zero(d);
   std::int64_t j = 0;
   for (; j + 2 * lanes <= n; j += 2 * lanes) {
-    const vf32 v0 = IO::load(d, x + j), v1 = IO::load(d, x + j + lanes);
+    vf32 v0, v1;
+    if constexpr (IO::cheap_pairs) {
+      IO::load_pairs(d, x + j, v0, v1);  // even and odd elements
+    } else {
+      v0 = IO::load(d, x + j);
+      v1 = IO::load(d, x + j + lanes);
+    }
     acc0 = hn::MulAdd(v0, v0, acc0);
     acc1 = hn::MulAdd(v1, v1, acc1);
   }
