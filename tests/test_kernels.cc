@@ -283,6 +283,65 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
   }
 }
 
+// The same for QK RMSNorm + RoPE's backward: dx into its own aligned buffers (streamed)
+// equals dx over dy, bit for bit, and the weight gradients agree; halves, adjacent pairs and
+// the split-half layout, every dtype.
+TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
+  const std::int64_t T = 1100, Hq = 32, Hk = 8, D = 128;
+  const auto as_input = rope_output_layout::as_input, split = rope_output_layout::split_half;
+  for (const auto [style, layout] :
+       {std::pair{rope_style::neox, as_input}, std::pair{rope_style::gptj, as_input},
+        std::pair{rope_style::gptj, split}}) {
+    for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
+      auto alloc = [](std::size_t bytes) {
+        return std::unique_ptr<unsigned char, void (*)(void*)>(
+            static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), std::free);
+      };
+      auto xq = alloc(qn * es), xk = alloc(kn * es), gq = alloc(qn * es), gk = alloc(kn * es);
+      auto dq = alloc(qn * es), dk = alloc(kn * es);
+      std::mt19937 rng(13);
+      std::normal_distribution<double> normal;
+      for (auto* b : {&xq, &gq}) {
+        for (std::size_t i = 0; i < qn; ++i) store_from_f64(b->get(), t, i, normal(rng));
+      }
+      for (auto* b : {&xk, &gk}) {
+        for (std::size_t i = 0; i < kn; ++i) store_from_f64(b->get(), t, i, normal(rng));
+      }
+      tensor w(t, {D});
+      for (std::int64_t j = 0; j < D; ++j) store_from_f64(w.data(), t, j, 0.5 + 0.01 * j);
+      qk_norm norm;
+      norm.q_weight = w;
+      norm.k_weight = w.view();
+      rope_options o;
+      o.output_layout = layout;
+      std::vector<float> dw[2][2];  // [out of place, in place][q, k]
+      for (int inplace = 0; inplace < 2; ++inplace) {
+        for (auto& v : dw[inplace]) v.assign(D, 0.0f);
+        qk_norm_rope_grad_tensors g;
+        g.q = tensor_view::contiguous(xq.get(), t, {T, Hq, D});
+        g.k = tensor_view::contiguous(xk.get(), t, {T, Hk, D});
+        g.dq_out = tensor_view::contiguous(gq.get(), t, {T, Hq, D});
+        g.dk_out = tensor_view::contiguous(gk.get(), t, {T, Hk, D});
+        if (!inplace) {
+          g.dq = tensor_view::contiguous(dq.get(), t, {T, Hq, D});
+          g.dk = tensor_view::contiguous(dk.get(), t, {T, Hk, D});
+        }
+        g.dq_weight = tensor_view::contiguous(dw[inplace][0].data(), dtype::f32, {D});
+        g.dk_weight = tensor_view::contiguous(dw[inplace][1].data(), dtype::f32, {D});
+        qk_norm_rope_backward(style, g, rope_positions::from_offset(3),
+                              rope_angles::from_theta(1e6), norm, o);
+      }
+      const std::string what = std::string(to_string(style)) + " " + std::string(to_string(t)) +
+                               " split " + std::to_string(layout == split);
+      EXPECT_EQ(std::memcmp(gq.get(), dq.get(), qn * es), 0) << what;
+      EXPECT_EQ(std::memcmp(gk.get(), dk.get(), kn * es), 0) << what;
+      EXPECT_EQ(dw[0][0], dw[1][0]) << what;
+      EXPECT_EQ(dw[0][1], dw[1][1]) << what;
+    }
+  }
+}
+
 // Every variant that is a rotation: backward(forward(x)) = x, with per-token rows (neox,
 // gptj, split-half output, MRoPE planes) and in place and out of place alike.
 TEST(Kernels, VariantsBackwardInvertsForward) {

@@ -1244,7 +1244,12 @@ bool can_stream(const rope_plan& p) {
 template <class IO, pairs PIn, pairs POut>
 void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
   if (p.qk_norm && p.backward) {
-    qk_norm_backward_tokens_loop<IO, PIn, POut>(p, first, last, chunk);
+    if (p.rotary_dim == p.head_dim && can_stream<IO>(p)) {  // as the forward
+      qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
+      hwy::FlushStream();
+    } else {
+      qk_norm_backward_tokens_loop<IO, PIn, POut>(p, first, last, chunk);
+    }
   } else if (p.qk_norm) {
     // streaming when every dim rotates (pass dims are stored one element at a time)
     if (p.rotary_dim == p.head_dim && can_stream<IO>(p)) {
