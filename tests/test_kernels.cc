@@ -219,6 +219,11 @@ TEST(Kernels, ThreadCountDoesNotChangeResults) {
   EXPECT_EQ(a, b);
 }
 
+// A buffer of `bytes` aligned to 64 bytes (streaming stores need whole aligned vectors).
+std::unique_ptr<unsigned char, void (*)(void*)> aligned_bytes(std::size_t bytes) {
+  return {static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), std::free};
+}
+
 // Large out-of-place calls with aligned outputs take streaming stores: the result must be
 // the in-place result, bit for bit (sizes past the streaming threshold, 64-byte aligned), for
 // halves, adjacent pairs (f32 interleaved in registers on AVX-512), the split-half output and
@@ -239,11 +244,8 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
         config{rope_style::gptj, split, false, true}}) {
     for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
       const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
-      auto alloc = [](std::size_t bytes) {
-        return std::unique_ptr<unsigned char, void (*)(void*)>(
-            static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), std::free);
-      };
-      auto q = alloc(qn * es), k = alloc(kn * es), qo = alloc(qn * es), ko = alloc(kn * es);
+      auto q = aligned_bytes(qn * es), k = aligned_bytes(kn * es), qo = aligned_bytes(qn * es),
+           ko = aligned_bytes(kn * es);
       std::mt19937 rng(11);
       std::normal_distribution<double> normal;
       for (std::size_t i = 0; i < qn; ++i) store_from_f64(q.get(), t, i, normal(rng));
@@ -294,12 +296,8 @@ TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
         std::pair{rope_style::gptj, split}}) {
     for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
       const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
-      auto alloc = [](std::size_t bytes) {
-        return std::unique_ptr<unsigned char, void (*)(void*)>(
-            static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), std::free);
-      };
-      auto xq = alloc(qn * es), xk = alloc(kn * es), gq = alloc(qn * es), gk = alloc(kn * es);
-      auto dq = alloc(qn * es), dk = alloc(kn * es);
+      auto xq = aligned_bytes(qn * es), xk = aligned_bytes(kn * es), gq = aligned_bytes(qn * es);
+      auto gk = aligned_bytes(kn * es), dq = aligned_bytes(qn * es), dk = aligned_bytes(kn * es);
       std::mt19937 rng(13);
       std::normal_distribution<double> normal;
       for (auto* b : {&xq, &gq}) {
