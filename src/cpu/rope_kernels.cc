@@ -1238,16 +1238,17 @@ bool can_stream(const rope_plan& p) {
 
 template <class IO, pairs PIn, pairs POut>
 void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
+  // QK RMSNorm streams when every dim rotates (pass dims are stored one element at a time)
+  const bool norm_streams = p.qk_norm && p.rotary_dim == p.head_dim && can_stream<IO>(p);
   if (p.qk_norm && p.backward) {
-    if (p.rotary_dim == p.head_dim && can_stream<IO>(p)) {  // as the forward
+    if (norm_streams) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
       hwy::FlushStream();
     } else {
       qk_norm_backward_tokens_loop<IO, PIn, POut>(p, first, last, chunk);
     }
   } else if (p.qk_norm) {
-    // streaming when every dim rotates (pass dims are stored one element at a time)
-    if (p.rotary_dim == p.head_dim && can_stream<IO>(p)) {
+    if (norm_streams) {
       if (p.hf_rounding) {
         qk_norm_tokens_loop<streaming_io<IO>, PIn, POut, true>(p, first, last);
       } else {
