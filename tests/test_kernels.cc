@@ -42,28 +42,19 @@ TEST(Kernels, BuiltinCasesMatchGolden) {
   }
 }
 
-// Head dims with tails of every length on every vector width, odd head_dim with partial
+// Head dims with tails of every length on every vector width, rows of an odd number of whole
+// vectors whose pairs' halves end mid-vector (taken in output order: 12 and 20 with 4 lanes,
+// 24 and 40 with 8, 48, 80 and 112 with 16), odd head_dim with partial
 // rotary, packed and separate buffers, in place and out of place, each dtype and style.
 TEST(Kernels, SweepMatchesGolden) {
   std::uint64_t seed = 7;
   int n = 0;
   for (auto style : {rope_style::neox, rope_style::gptj}) {
     for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
-      for (auto [d, r] : std::vector<std::pair<int, int>>{{2, 2},
-                                                          {6, 6},
-                                                          {7, 6},
-                                                          {8, 8},
-                                                          {14, 14},
-                                                          {34, 34},
-                                                          {36, 16},
-                                                          {62, 62},
-                                                          {64, 32},
-                                                          {80, 80},
-                                                          {96, 96},
-                                                          {128, 128},
-                                                          {130, 128},
-                                                          {256, 256},
-                                                          {256, 64}}) {
+      for (auto [d, r] : std::vector<std::pair<int, int>>{
+               {2, 2},   {6, 6},   {7, 6},     {8, 8},     {14, 14},   {34, 34},   {36, 16},
+               {62, 62}, {64, 32}, {80, 80},   {96, 96},   {12, 12},   {20, 20},   {24, 24},
+               {40, 40}, {48, 48}, {112, 112}, {128, 128}, {130, 128}, {256, 256}, {256, 64}}) {
         for (int variant = 0; variant < 4; ++variant) {
           rope_case c;
           c.name = "sweep";
@@ -86,7 +77,7 @@ TEST(Kernels, SweepMatchesGolden) {
       }
     }
   }
-  EXPECT_EQ(n, 2 * 3 * 15 * 4);
+  EXPECT_EQ(n, 2 * 3 * 21 * 4);
 }
 
 // QK RMSNorm + RoPE over head dims whose half is shorter than a vector on some targets (the
@@ -227,9 +218,10 @@ std::unique_ptr<unsigned char, void (*)(void*)> aligned_bytes(std::size_t bytes)
 // Large out-of-place calls with aligned outputs take streaming stores: the result must be
 // the in-place result, bit for bit (sizes past the streaming threshold, 64-byte aligned), for
 // halves, adjacent pairs (f32 interleaved in registers on AVX-512), the split-half output and
-// its backward, and QK RMSNorm + RoPE.
+// its backward, and QK RMSNorm + RoPE; head dim 128, and 80 (on AVX-512 rows taken in output
+// order, whose stores are the row's own vectors).
 TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
-  const std::int64_t T = 1100, Hq = 32, Hk = 8, D = 128;
+  const std::int64_t Hq = 32, Hk = 8;
   struct config {
     rope_style style;
     rope_output_layout layout;
@@ -242,7 +234,13 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
         config{rope_style::gptj, split, false, false}, config{rope_style::gptj, split, true, false},
         config{rope_style::neox, as_input, false, true},
         config{rope_style::gptj, split, false, true}}) {
-    for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    for (auto [t, D] : std::vector<std::pair<dtype, std::int64_t>>{{dtype::f32, 128},
+                                                                   {dtype::f16, 128},
+                                                                   {dtype::bf16, 128},
+                                                                   {dtype::f32, 80},
+                                                                   {dtype::f16, 80},
+                                                                   {dtype::bf16, 80}}) {
+      const std::int64_t T = D == 128 ? 1100 : 1400;  // past the streaming threshold (8 MiB)
       const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
       auto q = aligned_bytes(qn * es), k = aligned_bytes(kn * es), qo = aligned_bytes(qn * es),
            ko = aligned_bytes(kn * es);
@@ -278,7 +276,8 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
       apply(in);
       const std::string what = std::string(to_string(c.style)) + " " + std::string(to_string(t)) +
                                " split " + std::to_string(c.layout == split) + " backward " +
-                               std::to_string(c.backward) + " qk_norm " + std::to_string(c.qk_norm);
+                               std::to_string(c.backward) + " qk_norm " +
+                               std::to_string(c.qk_norm) + " D " + std::to_string(D);
       EXPECT_EQ(std::memcmp(q.get(), qo.get(), qn * es), 0) << what;
       EXPECT_EQ(std::memcmp(k.get(), ko.get(), kn * es), 0) << what;
     }

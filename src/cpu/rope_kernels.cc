@@ -772,6 +772,107 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
   }
 }
 
+// ---- rows of whole vectors whose pairs are not whole vectors ---------------------------------
+// When r/2 is not a multiple of the vector but the row is (AVX-512 at head dims 48, 80, 112),
+// the pair-at-a-time path ends each row with an overlapped vector and cannot stream. Taken in
+// output order instead, every vector stored is one of the row's own:
+//     y_j = x_j C_j + x_partner(j) S_j
+// partner(j) = j + r/2 or j - r/2 for halves (the middle vector, which holds r/2, takes its
+// partners from the last vector's upper half and the first vector's lower half), j ^ 1 for
+// adjacent pairs (a swap within the vector); C_j is the cos of j's element of its pair, S_j
+// the sin negated for a pair's first element. The products are y_a = x_a ca - x_b sa and
+// y_b = x_b cb + x_a sb, bit for bit.
+#if HWY_TARGET != HWY_SCALAR
+// How many vectors such a row has (else 0): every dim rotated, the layout kept, r/2 at least
+// one vector but not a multiple of it, the row an odd number of vectors up to 7. 16-bit halves
+// keep the pair-at-a-time path: widening each vector and joining its partner put three
+// shuffles on every vector (one-thread loop, head dim 80 in cache, bf16 0.101 against 0.112
+// ns per element; f16 even), where f32 halves (0.125 to 0.079) and adjacent pairs of every
+// dtype (f16 0.137 to 0.091, bf16 0.119 to 0.106) gain.
+inline int output_order_vectors(const rope_plan& p, std::int64_t lanes) {
+  const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
+  if (p.qk_norm || p.rotary_dim != D || p.in_pairs != p.out_pairs) return 0;
+  if (p.in_pairs == pairs::halves && p.x_type != dtype::f32) return 0;
+  if (half < lanes || half % lanes == 0 || D % lanes != 0) return 0;
+  const std::int64_t vectors = D / lanes;
+  return vectors <= 7 ? static_cast<int>(vectors) : 0;
+}
+
+// A token's C and S rows (above) of NV vectors, held in registers across a block's heads.
+template <pairs P, int NV>
+struct output_angles {
+  vf32 c[NV], s[NV];
+  HWY_INLINE output_angles(df32 d, const token_angles& a, std::int64_t half) {
+    const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+    HWY_ALIGN float rows[2 * NV * max_f32_lanes];
+    float* C = rows;
+    float* S = rows + NV * n;
+    for (std::int64_t i = 0;; i += n) {
+      i = std::min(i, half - n);  // the last vector of frequencies overlaps the one before
+      const vf32 ca = hn::LoadU(d, a.ca + i), sa = hn::Neg(hn::LoadU(d, a.sa + i));
+      const vf32 cb = hn::LoadU(d, a.cb + i), sb = hn::LoadU(d, a.sb + i);
+      if constexpr (P == pairs::halves) {
+        hn::StoreU(ca, d, C + i);
+        hn::StoreU(cb, d, C + half + i);
+        hn::StoreU(sa, d, S + i);
+        hn::StoreU(sb, d, S + half + i);
+      } else {
+        hn::StoreInterleaved2(ca, cb, d, C + 2 * i);
+        hn::StoreInterleaved2(sa, sb, d, S + 2 * i);
+      }
+      if (i == half - n) break;
+    }
+    for (int v = 0; v < NV; ++v) {
+      c[v] = hn::Load(d, C + v * n);
+      s[v] = hn::Load(d, S + v * n);
+    }
+  }
+};
+
+// One row [NV vectors] in output order: read whole before any of it is stored (in place reads
+// only original values), each partner vector joined from two of the row's vectors (r/2 is
+// m + 1/2 vectors, m = NV / 2), then stored as whole vectors (streamed by streaming_io).
+template <class IO, pairs P, int NV>
+HWY_INLINE void rotate_row_output_order(df32 d, const typename IO::storage* x,
+                                        typename IO::storage* y, const output_angles<P, NV>& f,
+                                        std::int64_t half) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr int middle = NV / 2;  // the vector holding r/2 (halves)
+  vf32 xs[NV], ys[NV];
+  for (int v = 0; v < NV; ++v) xs[v] = IO::load(d, x + v * n);
+  for (int v = 0; v < NV; ++v) {
+    vf32 partner;
+    if constexpr (P == pairs::adjacent) {
+      partner = hn::Reverse2(d, xs[v]);
+    } else if (v < middle) {  // x[v n + half, + n): the upper half of v + m, the lower of v + m + 1
+      partner = hn::ConcatLowerUpper(d, xs[v + middle + 1], xs[v + middle]);
+    } else if (v > middle) {
+      partner = hn::ConcatLowerUpper(d, xs[v - middle], xs[v - middle - 1]);
+    } else {
+      partner = hn::ConcatLowerUpper(d, xs[0], xs[NV - 1]);
+    }
+    ys[v] = hn::MulAdd(xs[v], f.c[v], hn::Mul(partner, f.s[v]));
+  }
+  // stored two vectors at a time (one subnormal test for both with AVX512-BF16)
+  for (int v = 0; v + 1 < NV; v += 2)
+    store_pair<IO, pairs::halves>(d, ys[v], ys[v + 1], y, v * n, n);
+  IO::store(d, ys[NV - 1], y + (NV - 1) * n);
+}
+
+template <class IO, pairs P, int NV>
+HWY_NOINLINE void rotate_block_output_order(df32 d, const head_block& blk,
+                                            const typename IO::storage* in,
+                                            typename IO::storage* out, const token_angles& a,
+                                            std::int64_t half) {
+  const output_angles<P, NV> f(d, a, half);
+  for (std::int64_t h = 0; h < blk.heads; ++h) {
+    rotate_row_output_order<IO, P, NV>(d, in + h * blk.in_h, out + h * blk.out_h, f, half);
+  }
+}
+#else
+inline int output_order_vectors(const rope_plan&, std::int64_t) { return 0; }
+#endif
+
 // The heads of one block (q or k) of one token. Full (four angle vectors or two) is decided
 // once per token.
 template <class IO, pairs PIn, pairs POut, bool Full>
@@ -784,6 +885,20 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const bool whole = half >= lanes;
   const int held = held_vectors(half, lanes);
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (PIn == POut) {
+    switch (output_order_vectors(p, lanes)) {
+      case 3:
+        return rotate_block_output_order<IO, PIn, 3>(d, blk, in, out, a, half);
+      case 5:
+        return rotate_block_output_order<IO, PIn, 5>(d, blk, in, out, a, half);
+      case 7:
+        return rotate_block_output_order<IO, PIn, 7>(d, blk, in, out, a, half);
+      default:
+        break;
+    }
+  }
+#endif
   if (lanes >= 16 && held != 0) {
     if (held == 4) return rotate_block_held<IO, PIn, POut, Full, 4>(d, p, blk, in, out, a);
     if (held == 2) return rotate_block_held<IO, PIn, POut, Full, 2>(d, p, blk, in, out, a);
@@ -1214,10 +1329,14 @@ bool can_stream(const rope_plan& p) {
   const std::int64_t es = sizeof(T), half = p.rotary_dim / 2;
   const bool adjacent = p.out_pairs == pairs::adjacent;
   // halves stream vectors of `lanes` elements at i and half + i; pairs stream whole registers
-  // (lanes u32 of two 16-bit elements, or two vectors of f32) at 2i
-  const std::int64_t vector_bytes = adjacent ? lanes * 4 : lanes * es;
-  if (adjacent && !IO::pairs_encode && !f32_io::pairs_vectors) return false;
-  if (half % lanes != 0) return false;
+  // (lanes u32 of two 16-bit elements, or two vectors of f32) at 2i; rows taken in output
+  // order stream whole vectors of `lanes` elements, in either layout
+  const bool output_order = output_order_vectors(p, lanes) != 0;
+  const std::int64_t vector_bytes = adjacent && !output_order ? lanes * 4 : lanes * es;
+  if (!output_order) {
+    if (adjacent && !IO::pairs_encode && !f32_io::pairs_vectors) return false;
+    if (half % lanes != 0) return false;
+  }
   std::int64_t bytes = 0;
   for (int k = 0; k < p.num_blocks; ++k) {
     const head_block& b = p.blocks[k];
@@ -1226,7 +1345,7 @@ bool can_stream(const rope_plan& p) {
     for (std::int64_t stride : {b.out_b, b.out_s, b.out_h}) {
       if ((stride * es) % vector_bytes != 0) return false;
     }
-    if ((half * es) % vector_bytes != 0 && !adjacent) return false;
+    if ((half * es) % vector_bytes != 0 && !adjacent && !output_order) return false;
     bytes += p.tokens() * b.heads * p.head_dim * es;
   }
   return bytes >= min_streaming_bytes;
