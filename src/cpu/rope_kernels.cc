@@ -786,7 +786,7 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
 // How many vectors such a row has (else 0): every dim rotated, the layout kept, r/2 at least
 // one vector but not a multiple of it, the row an odd number of vectors up to 7. 16-bit halves
 // keep the pair-at-a-time path: widening each vector and joining its partner put three
-// shuffles on every vector (one-thread loop, head dim 80 in cache, bf16 0.101 against 0.112
+// shuffles on every vector (one-thread loop, head dim 80 in cache, bf16 0.101 against 0.111
 // ns per element; f16 even), where f32 halves (0.125 to 0.079) and adjacent pairs of every
 // dtype (f16 0.137 to 0.091, bf16 0.119 to 0.106) gain.
 inline int output_order_vectors(const rope_plan& p, std::int64_t lanes) {
