@@ -834,8 +834,7 @@ struct output_angles {
 // m + 1/2 vectors, m = NV / 2), then stored as whole vectors (streamed by streaming_io).
 template <class IO, pairs P, int NV>
 HWY_INLINE void rotate_row_output_order(df32 d, const typename IO::storage* x,
-                                        typename IO::storage* y, const output_angles<P, NV>& f,
-                                        std::int64_t half) {
+                                        typename IO::storage* y, const output_angles<P, NV>& f) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   constexpr int middle = NV / 2;  // the vector holding r/2 (halves)
   vf32 xs[NV], ys[NV];
@@ -866,7 +865,7 @@ HWY_NOINLINE void rotate_block_output_order(df32 d, const head_block& blk,
                                             std::int64_t half) {
   const output_angles<P, NV> f(d, a, half);
   for (std::int64_t h = 0; h < blk.heads; ++h) {
-    rotate_row_output_order<IO, P, NV>(d, in + h * blk.in_h, out + h * blk.out_h, f, half);
+    rotate_row_output_order<IO, P, NV>(d, in + h * blk.in_h, out + h * blk.out_h, f);
   }
 }
 #else
