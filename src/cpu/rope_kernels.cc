@@ -884,20 +884,6 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const bool whole = half >= lanes;
   const int held = held_vectors(half, lanes);
-#if HWY_TARGET != HWY_SCALAR
-  if constexpr (PIn == POut) {
-    switch (output_order_vectors(p, lanes)) {
-      case 3:
-        return rotate_block_output_order<IO, PIn, 3>(d, blk, in, out, a, half);
-      case 5:
-        return rotate_block_output_order<IO, PIn, 5>(d, blk, in, out, a, half);
-      case 7:
-        return rotate_block_output_order<IO, PIn, 7>(d, blk, in, out, a, half);
-      default:
-        break;
-    }
-  }
-#endif
   if (lanes >= 16 && held != 0) {
     if (held == 4) return rotate_block_held<IO, PIn, POut, Full, 4>(d, p, blk, in, out, a);
     if (held == 2) return rotate_block_held<IO, PIn, POut, Full, 2>(d, p, blk, in, out, a);
@@ -944,15 +930,34 @@ HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int6
   }
 }
 
+// Rows in output order (output_order_vectors, decided once per call) or through
+// rotate_block_rows.
 template <class IO, pairs PIn, pairs POut>
 void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
   float* scratch = thread_scratch(p);
   T* row_copy = reinterpret_cast<T*>(scratch + 2 * p.rotary_dim);
+  [[maybe_unused]] const std::int64_t half = p.rotary_dim / 2;
+  [[maybe_unused]] const int ordered =
+      output_order_vectors(p, static_cast<std::int64_t>(hn::Lanes(d)));
   for_each_block<T>(p, first, last, scratch,
                     [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
                         const T* in, T* out) {
+#if HWY_TARGET != HWY_SCALAR
+                      if constexpr (PIn == POut) {
+                        switch (ordered) {
+                          case 3:
+                            return rotate_block_output_order<IO, PIn, 3>(d, blk, in, out, a, half);
+                          case 5:
+                            return rotate_block_output_order<IO, PIn, 5>(d, blk, in, out, a, half);
+                          case 7:
+                            return rotate_block_output_order<IO, PIn, 7>(d, blk, in, out, a, half);
+                          default:
+                            break;
+                        }
+                      }
+#endif
                       if (a.full) {
                         rotate_block_rows<IO, PIn, POut, true>(d, p, blk, in, out, a, row_copy);
                       } else {
