@@ -98,9 +98,11 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
                                                         {80, 80},
                                                         {96, 64},
                                                         {128, 128}}) {
-      // 0-2 forward, 3-8 backward; 5 and 6 span more than one group of four heads; 7 and 8
-      // take random full-width rows (cos, sin halves differ)
-      for (int variant = 0; variant < 9; ++variant) {
+      // 0-2, 9, 10 forward, 3-8 backward; 5, 6, 9 and 10 span more than one group of four
+      // heads (9 and 10 more than two, ending mid-group: the forward finds each group's
+      // RMSNorm sums one group ahead); 7 and 8 take random full-width rows (cos, sin halves
+      // differ)
+      for (int variant = 0; variant < 11; ++variant) {
         rope_case c;
         c.name = "qknorm-sweep";
         c.qk_norm = true;
@@ -108,8 +110,10 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
         c.head_dim = d;
         c.rotary_dim = r;
         c.tokens = 1 + (variant * 3 + d) % 7;
-        c.q_heads = variant >= 5 ? 6 + variant % 2 : 2 + variant % 2;
-        c.k_heads = variant == 4 ? 0 : variant == 6 ? 5 : 1;
+        c.q_heads = variant >= 9   ? 9 + variant % 2
+                    : variant >= 5 ? 6 + variant % 2
+                                   : 2 + variant % 2;
+        c.k_heads = variant == 4 ? 0 : variant == 6 ? 5 : variant >= 9 ? 15 - c.q_heads : 1;
         c.inplace = variant % 2 == 0;
         if (variant == 1) c.norm_rounding = qk_norm_rounding::hf_qwen3;
         if (variant == 2 || variant == 4) {
@@ -121,7 +125,7 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
           c.rows = "f32";
           c.random_rows = true;
         }
-        c.backward = variant >= 3;
+        c.backward = variant >= 3 && variant <= 8;
         c.seed = seed++;
         const auto res = cli::run_case(c);
         EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant;
@@ -129,7 +133,7 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
       }
     }
   }
-  EXPECT_EQ(n, 3 * 10 * 9);
+  EXPECT_EQ(n, 3 * 10 * 11);
 }
 
 // Position 0 is the identity, bit for bit, in every dtype.
@@ -532,6 +536,45 @@ TEST(Kernels, Bf16StoresRoundSubnormalResultsLikeScalar) {
     }
     EXPECT_GT(subnormal, 20) << to_string(style);  // the case exercises the fallback
     EXPECT_EQ(mismatches, 0) << to_string(style);
+  }
+}
+
+// QK RMSNorm of bf16 rows whose squares are all fp32 subnormals (|x| < 2^-63): with eps = 0 or
+// eps = 2^-126 those squares decide r, so they are summed, not flushed to zero. The bf16 result
+// is the f32 kernel's on the same values to within bf16 rounding.
+TEST(Kernels, QkNormKeepsSubnormalSquares) {
+  const std::int64_t T = 3, H = 9, D = 128;
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<std::uint16_t> xb(T * H * D), yb(xb.size());
+  std::vector<float> xf(xb.size()), yf(xb.size()), w(D);
+  for (std::size_t i = 0; i < xb.size(); ++i) {
+    xb[i] = f32_to_bf16_bits(u(rng) * 0x1p-64f);
+    xf[i] = bf16_bits_to_f32(xb[i]);
+  }
+  for (auto& v : w) v = u(rng) + 1.5f;
+  for (double eps : {0.0, 0x1p-126}) {
+    qk_norm norm;
+    norm.q_weight = tensor_view::contiguous(w.data(), dtype::f32, {D});
+    norm.eps = eps;
+    rope_tensors b, f;
+    b.q = tensor_view::contiguous(xb.data(), dtype::bf16, {T, H, D});
+    b.q_out = tensor_view::contiguous(yb.data(), dtype::bf16, {T, H, D});
+    f.q = tensor_view::contiguous(xf.data(), dtype::f32, {T, H, D});
+    f.q_out = tensor_view::contiguous(yf.data(), dtype::f32, {T, H, D});
+    const auto positions = rope_positions::from_offset(0);
+    const auto angles = rope_angles::from_theta(1e4);
+    qk_norm_rope_apply(rope_style::neox, b, positions, angles, norm);
+    qk_norm_rope_apply(rope_style::neox, f, positions, angles, norm);
+    int mismatches = 0;
+    double largest = 0;
+    for (std::size_t i = 0; i < yb.size(); ++i) {
+      const double got = bf16_bits_to_f32(yb[i]), want = yf[i];
+      mismatches += !(std::fabs(got - want) <= 0x1p-7 * std::fabs(want) + 1e-6);
+      largest = std::max(largest, std::fabs(want));
+    }
+    EXPECT_GT(largest, 0.5) << eps;  // the rows are normalised to order 1
+    EXPECT_EQ(mismatches, 0) << eps;
   }
 }
 

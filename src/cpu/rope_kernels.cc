@@ -99,6 +99,7 @@ struct f32_io {
   using storage = float;
   using plain = f32_io;
   static constexpr bool cheap_pairs = false;
+  static constexpr bool dot_pairs = false;  // add_squares (below)
   static vf32 load(df32 d, const float* p) { return hn::LoadU(d, p); }
   static float load1(const float* p) { return *p; }
   static void store1(float v, float* p) { *p = v; }
@@ -152,6 +153,7 @@ struct f16_io {
   using storage = std::uint16_t;
   using plain = f16_io;
   static constexpr bool cheap_pairs = false;
+  static constexpr bool dot_pairs = false;
   static float load1(const std::uint16_t* p) { return f16_bits_to_f32(*p); }
   static void store1(float v, std::uint16_t* p) { *p = f32_to_f16_bits(v); }
   // v rounded to f16 and widened back
@@ -240,6 +242,7 @@ struct bf16_io {
   // load, where load() takes a widening load and a shift per vector: sums whose order does
   // not matter take it (QK RMSNorm's sums of squares)
   static constexpr bool cheap_pairs = true;
+  static constexpr bool dot_pairs = false;
   static void load_pairs(df32 d, const std::uint16_t* p, vf32& even, vf32& odd) {
     const auto u = load_u16_pairs(p);
     even = hn::BitCast(d, hn::ShiftLeft<16>(u));
@@ -258,6 +261,15 @@ struct bf16_io {
 // run time (native_bf16()); every fp32 bit pattern is checked through it by the kernel tests.
 struct bf16_native_io : bf16_io {
   using plain = bf16_native_io;
+  // acc + even^2 + odd^2 for the two bf16 of each u32 lane, 32 elements in one vdpbf16ps
+  // (the products are exact, each sum rounded once, as with MulAdd). It flushes subnormal
+  // inputs and results to zero: squares under 2^-126, which the caller lets it drop only
+  // where eps makes them invisible.
+  static constexpr bool dot_pairs = true;
+  static vf32 add_squares(vf32 acc, hn::Vec<du32_t> u) {
+    asm("vdpbf16ps %1, %1, %0" : "+v"(acc.raw) : "v"(u.raw));
+    return acc;
+  }
   static hn::Vec<out_tag> convert(vf32 v) {
     hn::Vec<out_tag> r;
     asm("vcvtneps2bf16 %1, %0" : "=v"(r.raw) : "v"(v.raw));
@@ -966,12 +978,27 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
                     });
 }
 
-// Sum of x^2 over n elements, in fp32 (two accumulators: half the dependent chain).
+// Sum of x^2 over the first j elements of x (j returned: n rounded down to whole vectors), in
+// fp32 as a vector whose lanes add up to it; two accumulators halve the dependent chain.
+// `dot`: through IO::add_squares where the IO has it.
 template <class IO>
-HWY_INLINE float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
+HWY_INLINE vf32 squares_vector(df32 d, const typename IO::storage* x, std::int64_t n, bool dot,
+                               std::int64_t& j) {
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   vf32 acc0 = hn::Zero(d), acc1 = hn::Zero(d);
-  std::int64_t j = 0;
+  j = 0;
+  if constexpr (IO::dot_pairs) {
+    if (dot) {
+      for (; j + 4 * lanes <= n; j += 4 * lanes) {
+        acc0 = IO::add_squares(acc0, load_u16_pairs(x + j));
+        acc1 = IO::add_squares(acc1, load_u16_pairs(x + j + 2 * lanes));
+      }
+      if (j + 2 * lanes <= n) {
+        acc0 = IO::add_squares(acc0, load_u16_pairs(x + j));
+        j += 2 * lanes;
+      }
+    }
+  }
   for (; j + 2 * lanes <= n; j += 2 * lanes) {
     vf32 v0, v1;
     if constexpr (IO::cheap_pairs) {
@@ -988,7 +1015,14 @@ HWY_INLINE float sum_of_squares(df32 d, const typename IO::storage* x, std::int6
     acc0 = hn::MulAdd(v, v, acc0);
     j += lanes;
   }
-  float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
+  return hn::Add(acc0, acc1);
+}
+
+// Sum of x^2 over n elements, in fp32.
+template <class IO>
+HWY_INLINE float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
+  std::int64_t j;
+  float sum = hn::GetLane(hn::SumOfLanes(d, squares_vector<IO>(d, x, n, false, j)));
   for (; j < n; ++j) {
     const float v = IO::load1(x + j);
     sum += v * v;
@@ -1035,6 +1069,59 @@ HWY_INLINE void group_inverse_rms(df32 d, const rope_plan& p, const head_block& 
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// The lane sums of four vectors as one 128-bit vector [sum(a), sum(b), sum(c), sum(e)]: lanes
+// paired within each 128-bit block, then the blocks added.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> add_blocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(d) > 4) {
+    const hn::Half<D> dh;
+    return add_blocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    return v;
+  }
+}
+HWY_INLINE hn::Vec<hn::Full128<float>> lane_sums4(df32 d, vf32 a, vf32 b, vf32 c, vf32 e) {
+  const vf32 ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  const vf32 ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+  const hn::Repartition<double, df32> d64;
+  const auto ab64 = hn::BitCast(d64, ab), ce64 = hn::BitCast(d64, ce);
+  return add_blocks(d, hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
+                               hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64))));
+}
+#endif
+
+// group_inverse_rms for rows of whole vectors (head_dim a multiple of 4 lanes or more): the
+// four sums reduced together and one vector square root and division for the four heads, and
+// with AVX512-BF16 the bf16 squares summed by vdpbf16ps where eps >= 2^-100: the squares it
+// flushes (each under 2^-126) then change mean + eps by less than half its ulp. Else
+// group_inverse_rms.
+template <class IO>
+HWY_INLINE void group_inverse_rms_vector(df32 d, const rope_plan& p, const head_block& blk,
+                                         const typename IO::storage* in, std::int64_t h0,
+                                         float* r) {
+#if HWY_TARGET != HWY_SCALAR
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  if (lanes >= 4 && p.head_dim % lanes == 0) {
+    const bool dot = p.eps >= 0x1p-100f;
+    const std::int64_t heads = std::min(norm_group, blk.heads - h0);
+    vf32 acc[norm_group];
+    for (std::int64_t g = 0; g < norm_group; ++g) {
+      std::int64_t j;
+      acc[g] = g < heads ? squares_vector<IO>(d, in + (h0 + g) * blk.in_h, p.head_dim, dot, j)
+                         : hn::Zero(d);
+    }
+    static_assert(norm_group == 4);
+    const hn::Full128<float> d4;
+    const auto mean = hn::Mul(lane_sums4(d, acc[0], acc[1], acc[2], acc[3]),
+                              hn::Set(d4, 1.0f / static_cast<float>(p.head_dim)));
+    hn::StoreU(hn::Div(hn::Set(d4, 1.0f), hn::Sqrt(hn::Add(mean, hn::Set(d4, p.eps)))), d4, r);
+    return;
+  }
+#endif
+  group_inverse_rms<IO>(d, p, blk, in, h0, r);
+}
+
 // A token's angles with one block's RMSNorm weights folded in (fp32_once), held in registers
 // across the block's heads: NV vectors of pairs (r/2 = NV lanes, NV = 1, 2, 4; with 32 vector
 // registers the 4 NV of them leave room for the row), so that a row's only loads are its own
@@ -1061,8 +1148,10 @@ struct folded_angles {
 };
 
 // QK RMSNorm + RoPE (fp32_once) of one block of one token whose rows are NV whole vectors of
-// pairs, through folded_angles held in registers; the sums in groups of four heads as in
-// norm_rotate_block. Out of line: inlined there, its registers were spilled for 16-bit x.
+// pairs, through folded_angles held in registers; the sums in groups of four heads, each
+// reduced on its own (reduced together as in norm_rotate_block, the held angles were spilled:
+// f32 in cache 0.130 to 0.153 ns per element). Out of line: inlined there, its registers were
+// spilled for 16-bit x.
 template <class IO, pairs PIn, pairs POut, int NV>
 HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
                                          const typename IO::storage* in, typename IO::storage* out,
@@ -1081,12 +1170,15 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
 // QK RMSNorm + RoPE of one block (q or k) of one token, in groups of four heads: first
 // r = 1 / sqrt(mean(x^2) + eps) of each head of the group (independent sums, so their latency
 // overlaps; one row at a time waited on each sum, then on the square root), then normalise
-// and rotate each row in one pass over it. A group's rows are still in L1 when they are
-// read again; taking the sums of a whole block (32 heads) first measured slower for f32 in
-// memory (0.31 against 0.23 ns per element). Rows shorter than a vector of pairs go through
-// h = x r w in fp32 scratch `h`. With fp32_once, rows of 1, 2 or 4 whole vectors of pairs and
-// 32 vector registers take norm_rotate_block_held when x is f32 (in cache 0.18 to 0.135 ns
-// per element).
+// and rotate each row in one pass over it. The next group's r are found before this group is
+// rotated, so the rotations need not wait on a square root; with group_inverse_rms_vector
+// (the four sums reduced together, bf16 squares by vdpbf16ps) that took bf16 in cache from
+// 0.18 to 0.16 ns per element, f16 from 0.17 to 0.16 (one thread, 32 + 8 heads of 128). A
+// group's rows are still in L1 when they are read again; taking the sums of a whole block
+// (32 heads) first measured slower for f32 in memory (0.31 against 0.23 ns per element). Rows
+// shorter than a vector of pairs go through h = x r w in fp32 scratch `h`. With fp32_once,
+// rows of 1, 2 or 4 whole vectors of pairs and 32 vector registers take norm_rotate_block_held
+// when x is f32 (in cache 0.18 to 0.135 ns per element).
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
@@ -1095,7 +1187,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
   constexpr std::int64_t group = norm_group;
-  float inv_rms[group];
+  float inv_rms[2 * group];  // two groups' r: this one's and the next one's
   if constexpr (!HfRound) {
     // f32 only: with 16-bit x in place it measured slower (bf16 in cache 0.177 to 0.216 ns
     // per element), though faster out of place
@@ -1105,10 +1197,16 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
     if (held == 1) return norm_rotate_block_held<IO, PIn, POut, 1>(d, p, blk, in, out, a);
   }
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
-    if (hd % group == 0) group_inverse_rms<IO>(d, p, blk, in, hd, inv_rms);
+    if (hd % group == 0) {  // this group's r found one group ahead, the next group's now
+      if (hd == 0) group_inverse_rms_vector<IO>(d, p, blk, in, 0, inv_rms);
+      if (hd + group < blk.heads) {
+        group_inverse_rms_vector<IO>(d, p, blk, in, hd + group,
+                                     inv_rms + (hd / group + 1) % 2 * group);
+      }
+    }
     const T* x = in + hd * blk.in_h;
     T* y = out + hd * blk.out_h;
-    const float r = inv_rms[hd % group];
+    const float r = inv_rms[hd / group % 2 * group + hd % group];
     auto normalised1 = [&](std::int64_t j) {  // x r w of element j, scalar
       float n = IO::load1(x + j) * r;
       if constexpr (HfRound) n = round_to(p.x_type, n);
