@@ -2,9 +2,9 @@
 //  - fraction = kernel GB/s / ceiling GB/s, where the ceiling is the same bytes moved by the
 //    plainest loop with the same access pattern (in place: read-modify-write of one buffer;
 //    out of place: a copy, normal or streaming stores, whichever is faster here);
-//  - speedup = unfused baseline time / kernel time, the baseline composing the same math the
-//    way PyTorch eager does (rotate_half into a temporary, two multiplies, an add, full-size
-//    cos/sin tensors), each a separate pass over whole tensors.
+//  - speedup = unfused baseline time / kernel time (in the same round), the baseline composing
+//    the same math the way PyTorch eager does (rotate_half into a temporary, two multiplies,
+//    an add, full-size cos/sin tensors), each a separate pass over whole tensors.
 // Bytes moved (the minimum model): read x and write x' (2 * elements * sizeof(x)), plus the
 // cos/sin rows read once per token, plus the positions.
 
@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <type_traits>
@@ -523,28 +524,44 @@ struct ceilings {
   }
 };
 
-// The kernel and its ceiling timed alternately, caches flushed before each run, so that both
-// medians see the same state of a shared machine.
-std::pair<timing, timing> time_alternating(int repeats, const std::function<void()>& kernel,
-                                           const std::function<void()>& ceiling) {
+// The kernel and its ceiling timed in turn, caches flushed before each run, so that both
+// medians see the same state of a shared machine; with a baseline, it too runs in every fourth
+// round, right after that round's kernel and ceiling, and `speedup` is the median over those
+// rounds of its time over the same round's kernel time.
+struct turns {
+  timing kernel, ceiling;
+  std::optional<double> speedup;
+};
+
+turns time_alternating(int repeats, const std::function<void()>& kernel,
+                       const std::function<void()>& ceiling,
+                       const std::function<void()>& baseline) {
   kernel();
   kernel();
   ceiling();
-  std::vector<double> tk, tc;
+  if (baseline) baseline();
+  std::vector<double> tk, tc, ratios;
   for (int r = 0; r < repeats; ++r) {
-    for (int which = 0; which < 2; ++which) {
+    const bool with_baseline = baseline && r % 4 == 0;
+    for (int which = 0; which < (with_baseline ? 3 : 2); ++which) {
       flush_caches();
       const auto t0 = clock_type::now();
-      (which == 0 ? kernel : ceiling)();
-      (which == 0 ? tk : tc)
-          .push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      (which == 0 ? kernel : which == 1 ? ceiling : baseline)();
+      const double t = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (which == 2) {
+        ratios.push_back(t / tk.back());
+      } else {
+        (which == 0 ? tk : tc).push_back(t);
+      }
     }
   }
   auto summary = [](std::vector<double>& t) {
     std::sort(t.begin(), t.end());
     return timing{t[t.size() / 2], t.front()};
   };
-  return {summary(tk), summary(tc)};
+  turns out{summary(tk), summary(tc), std::nullopt};
+  if (!ratios.empty()) out.speedup = summary(ratios).median;
+  return out;
 }
 
 row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int threads, int repeats,
@@ -564,17 +581,16 @@ row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int th
     r.ns_per_call = kt.median * 1e9;
     return r;
   }
-  const auto [kt, ct] = time_alternating(repeats, p.run, ceil.loop(p.ceiling, p.x_bytes, threads));
+  const turns tt =
+      time_alternating(repeats, p.run, ceil.loop(p.ceiling, p.x_bytes, threads), p.baseline);
+  const timing kt = tt.kernel, ct = tt.ceiling;
   r.median_s = kt.median;
   r.min_s = kt.min;
   r.gbps = p.bytes / kt.median / 1e9;
   const std::size_t streams = p.ceiling == pattern::rmw_read || p.ceiling == pattern::copy_read;
   r.ceiling_gbps = (2.0 + static_cast<double>(streams)) * p.x_bytes / ct.median / 1e9;
   r.fraction = *r.gbps / *r.ceiling_gbps;
-  if (p.baseline) {
-    const timing ut = time_it(std::max(3, repeats / 4), true, p.baseline);
-    r.speedup = ut.median / kt.median;
-  }
+  r.speedup = tt.speedup;
   return r;
 }
 
