@@ -564,6 +564,27 @@ turns time_alternating(int repeats, const std::function<void()>& kernel,
   return out;
 }
 
+// Each function timed once per round, in turn, caches flushed before each run: their medians
+// see the same states of a shared machine.
+std::vector<timing> time_rounds(int repeats, const std::vector<std::function<void()>>& fns) {
+  for (const auto& f : fns) f();
+  std::vector<std::vector<double>> t(fns.size());
+  for (int r = 0; r < repeats; ++r) {
+    for (std::size_t i = 0; i < fns.size(); ++i) {
+      flush_caches();
+      const auto t0 = clock_type::now();
+      fns[i]();
+      t[i].push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+    }
+  }
+  std::vector<timing> out;
+  for (auto& ti : t) {
+    std::sort(ti.begin(), ti.end());
+    out.push_back({ti[ti.size() / 2], ti.front()});
+  }
+  return out;
+}
+
 row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int threads, int repeats,
             bool with_baseline, ceilings& ceil) {
   problem p = make_problem(kind, s, t, inplace, threads, with_baseline);
@@ -711,17 +732,42 @@ int run_bench(const bench_options& o) {
       }
     }
   }
-  // linearity: time per element of rope-neox bf16 in place, one thread, T = 1024 .. 32768
+  // linearity: time per element of rope-neox bf16 in place, one thread, T = 1024 .. 32768,
+  // every length (and its ceiling) timed once per round, so that all see the same machine;
+  // twice the rounds of a row (a single row's median moved by 2x between runs)
   std::vector<std::int64_t> lengths = {1024, 4096, 8192, 32768};
   if (o.quick) lengths = {1024, 8192};
-  for (std::int64_t T : lengths) {
-    if (!o.only.empty() && std::string("rope-neox-scale").find(o.only) == std::string::npos) break;
-    const shape_case s{"linear", T, 32, 8, 128};
-    row r = measure(kernel_kind::rope_neox, s, dtype::bf16, true, 1, repeats, false, ceil);
-    r.kernel = "rope-neox-scale";
-    r.ns_per_element = r.median_s * 1e9 / static_cast<double>(T * (32 + 8) * 128);
-    print(r);
-    rows.push_back(r);
+  if (o.only.empty() || std::string("rope-neox-scale").find(o.only) != std::string::npos) {
+    set_num_threads(1);
+    std::vector<shape_case> shapes;
+    std::vector<problem> problems;
+    std::vector<std::function<void()>> fns;
+    for (std::int64_t T : lengths) {
+      shapes.push_back({"linear", T, 32, 8, 128});
+      problems.push_back(
+          make_problem(kernel_kind::rope_neox, shapes.back(), dtype::bf16, true, 1, false));
+      fns.push_back(problems.back().run);
+      fns.push_back(ceil.loop(problems.back().ceiling, problems.back().x_bytes, 1));
+    }
+    const std::vector<timing> t = time_rounds(2 * repeats, fns);
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      const problem& p = problems[i];
+      const timing kt = t[2 * i], ct = t[2 * i + 1];
+      row r;
+      r.kernel = "rope-neox-scale";
+      r.dtype_name = "bf16";
+      r.inplace = true;
+      r.threads = 1;
+      r.shape = shapes[i].label();
+      r.median_s = kt.median;
+      r.min_s = kt.min;
+      r.gbps = p.bytes / kt.median / 1e9;
+      r.ceiling_gbps = 2.0 * p.x_bytes / ct.median / 1e9;
+      r.fraction = *r.gbps / *r.ceiling_gbps;
+      r.ns_per_element = kt.median * 1e9 / static_cast<double>(lengths[i] * (32 + 8) * 128);
+      print(r);
+      rows.push_back(r);
+    }
   }
   if (o.only.empty() || std::string("tile-skeleton").find(o.only) != std::string::npos) {
     const row sk = bench_skeleton(std::min(repeats, 10));
