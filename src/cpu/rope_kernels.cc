@@ -1069,7 +1069,7 @@ HWY_INLINE void group_inverse_rms(df32 d, const rope_plan& p, const head_block& 
   }
 }
 
-#if HWY_TARGET != HWY_SCALAR
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR  // fixed-width vectors of 4, 8 or 16 lanes
 // The lane sums of four vectors as one 128-bit vector [sum(a), sum(b), sum(c), sum(e)]: lanes
 // paired within each 128-bit block, then the blocks added.
 template <class D>
@@ -1091,7 +1091,7 @@ HWY_INLINE hn::Vec<hn::Full128<float>> lane_sums4(df32 d, vf32 a, vf32 b, vf32 c
 }
 #endif
 
-// group_inverse_rms for rows of whole vectors (head_dim a multiple of 4 lanes or more): the
+// group_inverse_rms for rows of whole vectors (x86, head_dim a multiple of the lanes): the
 // four sums reduced together and one vector square root and division for the four heads, and
 // with AVX512-BF16 the bf16 squares summed by vdpbf16ps where eps >= 2^-100: the squares it
 // flushes (each under 2^-126) then change mean + eps by less than half its ulp. Else
@@ -1100,7 +1100,7 @@ template <class IO>
 HWY_INLINE void group_inverse_rms_vector(df32 d, const rope_plan& p, const head_block& blk,
                                          const typename IO::storage* in, std::int64_t h0,
                                          float* r) {
-#if HWY_TARGET != HWY_SCALAR
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   if (lanes >= 4 && p.head_dim % lanes == 0) {
     const bool dot = p.eps >= 0x1p-100f;
