@@ -99,7 +99,7 @@ struct f32_io {
   using storage = float;
   using plain = f32_io;
   static constexpr bool cheap_pairs = false;
-  static constexpr bool dot_pairs = false;  // add_squares (below)
+  static constexpr bool dot_pairs = false;  // no add_squares (bf16_native_io has one)
   static vf32 load(df32 d, const float* p) { return hn::LoadU(d, p); }
   static float load1(const float* p) { return *p; }
   static void store1(float v, float* p) { *p = v; }
