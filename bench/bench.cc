@@ -68,6 +68,18 @@ struct timing {
   double median = 0, min = 0;
 };
 
+timing median_and_min(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front()};
+}
+
+// Seconds that one run of fn takes.
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = clock_type::now();
+  fn();
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
 // Median and min of `repeats` runs after two warm-ups; caches flushed before each unless the
 // problem is meant to be cache resident (decode); `prepare` (untimed) before each run.
 timing time_it(int repeats, bool flush, const std::function<void()>& fn,
@@ -78,12 +90,9 @@ timing time_it(int repeats, bool flush, const std::function<void()>& fn,
   for (int r = 0; r < repeats; ++r) {
     if (flush) flush_caches();
     if (prepare) prepare();
-    const auto t0 = clock_type::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+    t.push_back(seconds(fn));
   }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t.front()};
+  return median_and_min(t);
 }
 
 // ---- ceilings ------------------------------------------------------------------------------
@@ -545,9 +554,7 @@ turns time_alternating(int repeats, const std::function<void()>& kernel,
     const bool with_baseline = baseline && r % 4 == 0;
     for (int which = 0; which < (with_baseline ? 3 : 2); ++which) {
       flush_caches();
-      const auto t0 = clock_type::now();
-      (which == 0 ? kernel : which == 1 ? ceiling : baseline)();
-      const double t = std::chrono::duration<double>(clock_type::now() - t0).count();
+      const double t = seconds(which == 0 ? kernel : which == 1 ? ceiling : baseline);
       if (which == 2) {
         ratios.push_back(t / tk.back());
       } else {
@@ -555,12 +562,8 @@ turns time_alternating(int repeats, const std::function<void()>& kernel,
       }
     }
   }
-  auto summary = [](std::vector<double>& t) {
-    std::sort(t.begin(), t.end());
-    return timing{t[t.size() / 2], t.front()};
-  };
-  turns out{summary(tk), summary(tc), std::nullopt};
-  if (!ratios.empty()) out.speedup = summary(ratios).median;
+  turns out{median_and_min(tk), median_and_min(tc), std::nullopt};
+  if (!ratios.empty()) out.speedup = median_and_min(ratios).median;
   return out;
 }
 
@@ -572,17 +575,22 @@ std::vector<timing> time_rounds(int repeats, const std::vector<std::function<voi
   for (int r = 0; r < repeats; ++r) {
     for (std::size_t i = 0; i < fns.size(); ++i) {
       flush_caches();
-      const auto t0 = clock_type::now();
-      fns[i]();
-      t[i].push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      t[i].push_back(seconds(fns[i]));
     }
   }
   std::vector<timing> out;
-  for (auto& ti : t) {
-    std::sort(ti.begin(), ti.end());
-    out.push_back({ti[ti.size() / 2], ti.front()});
-  }
+  for (const auto& ti : t) out.push_back(median_and_min(ti));
   return out;
+}
+
+// A bandwidth row's figures from the kernel's and its ceiling's timings.
+void set_bandwidth(row& r, const problem& p, const timing& kt, const timing& ct) {
+  r.median_s = kt.median;
+  r.min_s = kt.min;
+  r.gbps = p.bytes / kt.median / 1e9;
+  const std::size_t streams = p.ceiling == pattern::rmw_read || p.ceiling == pattern::copy_read;
+  r.ceiling_gbps = (2.0 + static_cast<double>(streams)) * p.x_bytes / ct.median / 1e9;
+  r.fraction = *r.gbps / *r.ceiling_gbps;
 }
 
 row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int threads, int repeats,
@@ -604,13 +612,7 @@ row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int th
   }
   const turns tt =
       time_alternating(repeats, p.run, ceil.loop(p.ceiling, p.x_bytes, threads), p.baseline);
-  const timing kt = tt.kernel, ct = tt.ceiling;
-  r.median_s = kt.median;
-  r.min_s = kt.min;
-  r.gbps = p.bytes / kt.median / 1e9;
-  const std::size_t streams = p.ceiling == pattern::rmw_read || p.ceiling == pattern::copy_read;
-  r.ceiling_gbps = (2.0 + static_cast<double>(streams)) * p.x_bytes / ct.median / 1e9;
-  r.fraction = *r.gbps / *r.ceiling_gbps;
+  set_bandwidth(r, p, tt.kernel, tt.ceiling);
   r.speedup = tt.speedup;
   return r;
 }
@@ -751,20 +753,14 @@ int run_bench(const bench_options& o) {
     }
     const std::vector<timing> t = time_rounds(2 * repeats, fns);
     for (std::size_t i = 0; i < lengths.size(); ++i) {
-      const problem& p = problems[i];
-      const timing kt = t[2 * i], ct = t[2 * i + 1];
       row r;
       r.kernel = "rope-neox-scale";
       r.dtype_name = "bf16";
       r.inplace = true;
       r.threads = 1;
       r.shape = shapes[i].label();
-      r.median_s = kt.median;
-      r.min_s = kt.min;
-      r.gbps = p.bytes / kt.median / 1e9;
-      r.ceiling_gbps = 2.0 * p.x_bytes / ct.median / 1e9;
-      r.fraction = *r.gbps / *r.ceiling_gbps;
-      r.ns_per_element = kt.median * 1e9 / static_cast<double>(lengths[i] * (32 + 8) * 128);
+      set_bandwidth(r, problems[i], t[2 * i], t[2 * i + 1]);
+      r.ns_per_element = r.median_s * 1e9 / static_cast<double>(lengths[i] * (32 + 8) * 128);
       print(r);
       rows.push_back(r);
     }
