@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -212,6 +213,45 @@ TEST(Kernels, ThreadCountDoesNotChangeResults) {
   run(2, b);
   set_num_threads(before);
   EXPECT_EQ(a, b);
+}
+
+// MRoPE gathers its angles for runs of 64 tokens before rotating them: token counts of one,
+// one run, a run and one, and several runs ending mid-run, on one thread and two (each thread's
+// share ends mid-run), both section layouts, forward, backward and QK RMSNorm, in place and
+// out of place.
+TEST(Kernels, MropeRunsOfTokensMatchGolden) {
+  std::uint64_t seed = 1200;
+  const int before = num_threads();
+  int n = 0;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (std::int64_t T : {1, 64, 65, 201}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        rope_case c;
+        c.name = "mrope-runs";
+        c.style = rope_style::neox;
+        c.x_type = variant % 2 == 0 ? dtype::f32 : dtype::bf16;
+        c.head_dim = 128;
+        c.rotary_dim = 128;
+        c.tokens = T;
+        c.q_heads = 3;
+        c.k_heads = 1;
+        c.mrope_section =
+            variant < 2 ? std::array<int, 3>{16, 24, 24} : std::array<int, 3>{24, 20, 20};
+        c.mrope = variant < 2 ? mrope_layout::chunked : mrope_layout::interleaved;
+        c.inplace = variant != 1;
+        c.backward = variant == 2;
+        c.qk_norm = variant == 3;
+        c.seed = seed++;
+        const auto res = cli::run_case(c);
+        EXPECT_TRUE(res.pass) << describe(c, res) << " T=" << T << " threads=" << threads
+                              << " v=" << variant;
+        ++n;
+      }
+    }
+  }
+  set_num_threads(before);
+  EXPECT_EQ(n, 2 * 4 * 4);
 }
 
 // A buffer of `bytes` aligned to 64 bytes (streaming stores need whole aligned vectors).
