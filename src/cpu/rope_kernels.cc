@@ -960,28 +960,23 @@ float* run_scratch(const rope_plan& p) {
 template <class T, class Fn>
 HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int64_t last,
                                float* angle_scratch, Fn&& fn) {
-  auto token = [&](std::int64_t t, const token_angles& a) {
-    const std::int64_t b = t / p.seq, s = t % p.seq;
-    for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
-      fn(b, s, a, blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
-         static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
+  const bool runs = gathers_angles_in_runs(p) && last - first > 1;
+  const std::int64_t run_length = runs ? angle_run : 1;
+  float* slots = runs ? run_scratch(p) : angle_scratch;
+  token_angles run[angle_run];
+  for (std::int64_t t0 = first; t0 < last; t0 += run_length) {
+    const int n = static_cast<int>(std::min(run_length, last - t0));
+    for (int j = 0; j < n; ++j) {
+      run[j] = angles_for(p, (t0 + j) / p.seq, (t0 + j) % p.seq, slots + j * 2 * p.rotary_dim);
     }
-  };
-  if (gathers_angles_in_runs(p) && last - first > 1) {
-    float* slots = run_scratch(p);
-    token_angles run[angle_run];
-    for (std::int64_t t0 = first; t0 < last; t0 += angle_run) {
-      const int n = static_cast<int>(std::min<std::int64_t>(angle_run, last - t0));
-      for (int j = 0; j < n; ++j) {
-        run[j] = angles_for(p, (t0 + j) / p.seq, (t0 + j) % p.seq, slots + j * 2 * p.rotary_dim);
+    for (int j = 0; j < n; ++j) {
+      const std::int64_t b = (t0 + j) / p.seq, s = (t0 + j) % p.seq;
+      for (int k = 0; k < p.num_blocks; ++k) {
+        const head_block& blk = p.blocks[k];
+        fn(b, s, run[j], blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
+           static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
       }
-      for (int j = 0; j < n; ++j) token(t0 + j, run[j]);
     }
-    return;
-  }
-  for (std::int64_t t = first; t < last; ++t) {
-    token(t, angles_for(p, t / p.seq, t % p.seq, angle_scratch));
   }
 }
 
