@@ -712,15 +712,15 @@ struct memory_angles {
   HWY_INLINE vf32 sb(int v) const { return in_register(hn::LoadU(d, a.sb + v * n)); }
 };
 
-// A row of NV whole vectors of pairs, each transformed by `pre` (the identity, or QK
-// RMSNorm's x r), rotated through `f` and stored. The whole row is loaded before any of it is
-// stored when it is in place with a changed layout (so that no copy of the row is needed) and
-// when x is 16-bit; an f32 row loads each vector of pairs as it is rotated. Measured in memory
-// (one thread, 32 + 8 heads of 128, T = 8192, ns per element), 16-bit out of place gains most:
-// rope-neox bf16 0.162 to 0.134, f16 0.153 to 0.116, rope-gptj bf16 0.294 to 0.126, f16 0.239
-// to 0.161, backward bf16 0.169 to 0.130; in place bf16 0.089 to 0.085. For f32 the whole row
-// first was slower: rope-gptj out of place 0.241 to 0.365, interleave out of place 0.39
-// against 0.29 loaded as rotated.
+// A row of NV whole vectors of pairs, each transformed by `pre(v, second, i)` (the identity,
+// or QK RMSNorm's x r or x r w), rotated through `f` and stored. The whole row is loaded
+// before any of it is stored when it is in place with a changed layout (so that no copy of the
+// row is needed) and when x is 16-bit; an f32 row loads each vector of pairs as it is rotated.
+// Measured in memory (one thread, 32 + 8 heads of 128, T = 8192, ns per element), 16-bit out
+// of place gains most: rope-neox bf16 0.162 to 0.134, f16 0.153 to 0.116, rope-gptj bf16 0.294
+// to 0.126, f16 0.239 to 0.161, backward bf16 0.169 to 0.130; in place bf16 0.089 to 0.085
+// (QK RMSNorm: norm_rotate_row_vectors). For f32 the whole row first was slower: rope-gptj out
+// of place 0.241 to 0.365, interleave out of place 0.39 against 0.29 loaded as rotated.
 template <class IO, pairs PIn, pairs POut, int NV, class Angles, class Pre>
 HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typename IO::storage* y,
                                    const Angles& f, std::int64_t half, Pre pre) {
@@ -732,7 +732,8 @@ HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typena
   }
   for (int v = 0; v < NV; ++v) {
     if (!whole_first) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-    const vf32 first = pre(in_register(xa[v])), second = pre(in_register(xb[v]));
+    const vf32 first = pre(in_register(xa[v]), false, v * n);
+    const vf32 second = pre(in_register(xb[v]), true, v * n);
     const vf32 ca = f.ca(v), sa = f.sa(v);
     const vf32 cb = Angles::full ? f.cb(v) : ca, sb = Angles::full ? f.sb(v) : sa;
     const vf32 ya = hn::MulSub(first, ca, hn::Mul(second, sa));
@@ -740,10 +741,6 @@ HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typena
     store_pair<IO, POut>(d, ya, yb, y, v * n, half);
   }
 }
-
-struct identity {
-  HWY_INLINE vf32 operator()(vf32 v) const { return v; }
-};
 
 // How many whole vectors of pairs a row has, when rotate_row_vectors takes it (else 0).
 inline int held_vectors(std::int64_t half, std::int64_t lanes) {
@@ -788,7 +785,7 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
     const T* x = in + h * blk.in_h;
     T* y = out + h * blk.out_h;
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
-    rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, f, half, identity{});
+    rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, f, half, no_pre{});
   }
 }
 
@@ -916,9 +913,9 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
     if constexpr (PIn != POut) {
       if (x == y && held != 0) {  // fewer than 16 lanes
         const memory_angles<Full> f{d, a, lanes};
-        if (held == 1) rotate_row_vectors<IO, PIn, POut, 1>(d, y, y, f, half, identity{});
-        if (held == 2) rotate_row_vectors<IO, PIn, POut, 2>(d, y, y, f, half, identity{});
-        if (held == 4) rotate_row_vectors<IO, PIn, POut, 4>(d, y, y, f, half, identity{});
+        if (held == 1) rotate_row_vectors<IO, PIn, POut, 1>(d, y, y, f, half, no_pre{});
+        if (held == 2) rotate_row_vectors<IO, PIn, POut, 2>(d, y, y, f, half, no_pre{});
+        if (held == 4) rotate_row_vectors<IO, PIn, POut, 4>(d, y, y, f, half, no_pre{});
         continue;
       }
     }
@@ -1091,6 +1088,30 @@ HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename 
       });
 }
 
+// One 16-bit row of QK RMSNorm + RoPE whose r/2 is NV whole vectors: loaded whole before any
+// of it is stored (rotate_row_vectors), each vector of pairs normalised (x r w) and rotated.
+// Measured in memory against the pair-at-a-time row (one thread, 32 + 8 heads of 128,
+// T = 8192, ns per element, the two alternated): out of place with streaming stores, bf16
+// 0.229 to 0.203 with x and y at the same offset in their pages, 0.279 to 0.239 with x 16
+// bytes off a cache line (f16 0.298 to 0.231); with plain stores (y off a line) 0.244 and
+// 0.242; in place 0.204 and 0.204.
+template <class IO, pairs PIn, pairs POut, int NV>
+HWY_INLINE void norm_rotate_row_vectors(df32 d, const typename IO::storage* x,
+                                        typename IO::storage* y, const token_angles& a,
+                                        std::int64_t half, float r, const float* wa,
+                                        const float* wb) {
+  const vf32 rv = hn::Set(d, r);
+  const auto pre = [&](vf32 v, bool second, std::int64_t i) {
+    return normalised<IO, false>(d, v, rv, second ? wb : wa, i);
+  };
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  if (a.full) {
+    rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, memory_angles<true>{d, a, n}, half, pre);
+  } else {
+    rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, memory_angles<false>{d, a, n}, half, pre);
+  }
+}
+
 // Heads of a block whose RMSNorm sums are found together, forward and backward (4 to 8
 // measured best).
 constexpr std::int64_t norm_group = 4;
@@ -1200,8 +1221,9 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
     if (hd % norm_group == 0) group_inverse_rms<IO>(d, p, blk, in, hd, inv_rms);
     const vf32 r = hn::Set(d, inv_rms[hd % norm_group]);
-    rotate_row_vectors<IO, PIn, POut, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
-                                          [r](vf32 v) { return hn::Mul(v, r); });
+    rotate_row_vectors<IO, PIn, POut, NV>(
+        d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
+        [r](vf32 v, bool, std::int64_t) { return hn::Mul(v, r); });
   }
 }
 
@@ -1216,7 +1238,8 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
 // (32 heads) first measured slower for f32 in memory (0.31 against 0.23 ns per element). Rows
 // shorter than a vector of pairs go through h = x r w in fp32 scratch `h`. With fp32_once,
 // rows of 1, 2 or 4 whole vectors of pairs and 32 vector registers take norm_rotate_block_held
-// when x is f32 (in cache 0.18 to 0.135 ns per element).
+// when x is f32 (in cache 0.18 to 0.135 ns per element), norm_rotate_row_vectors when x is
+// 16-bit (any lane count).
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
@@ -1256,6 +1279,23 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
       for (std::int64_t j = 0; j < rotary; ++j) h[j] = normalised1(j);
       rotate_row<f32_io, IO, PIn, POut, HfRound>(d, h, y, a, half);
       continue;
+    }
+    if constexpr (!HfRound && sizeof(T) == 2) {
+      const auto* wa = blk.weight_a;
+      const auto* wb = blk.weight_b;
+      switch (held_vectors(half, lanes)) {
+        case 1:
+          norm_rotate_row_vectors<IO, PIn, POut, 1>(d, x, y, a, half, r, wa, wb);
+          continue;
+        case 2:
+          norm_rotate_row_vectors<IO, PIn, POut, 2>(d, x, y, a, half, r, wa, wb);
+          continue;
+        case 4:
+          norm_rotate_row_vectors<IO, PIn, POut, 4>(d, x, y, a, half, r, wa, wb);
+          continue;
+        default:
+          break;
+      }
     }
     x = readable_row<PIn, POut>(x, y, row_copy, rotary);
     if (a.full) {
