@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -97,42 +98,73 @@ timing time_it(int repeats, bool flush, const std::function<void()>& fn,
 
 // ---- ceilings ------------------------------------------------------------------------------
 
-void rmw(unsigned char* p, std::size_t bytes, int threads) {
-  auto* v = reinterpret_cast<__m128i*>(p);
-  const std::size_t n = bytes / 16;
+// Iterations [0, n) in chunks taken by whichever thread is free, about 16 per thread, as the
+// kernels take their tokens (run_rope_cpu): a thread the machine slows down does not hold up
+// the loop, for the ceiling as for the kernel.
+template <class F>
+void for_chunks(std::size_t n, int threads, F&& f) {
+  const std::size_t chunk = std::max<std::size_t>(1, n / (16 * static_cast<std::size_t>(threads)));
+  std::atomic<std::size_t> next{0};
+#pragma omp parallel num_threads(threads)
+  for (std::size_t lo = next.fetch_add(chunk); lo < n; lo = next.fetch_add(chunk))
+    f(lo, std::min(n, lo + chunk));
+}
+
+// The loops over one chunk [lo, hi) of 16-byte vectors, their pointers held in registers.
+void rmw_range(__m128i* v, std::size_t lo, std::size_t hi) {
   const __m128i one = _mm_set1_epi32(1);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::size_t i = 0; i < n; ++i)
+  for (std::size_t i = lo; i < hi; ++i)
     _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), one));
 }
 
-void copy_plain(const unsigned char* from, unsigned char* to, std::size_t bytes, int threads) {
-#pragma omp parallel num_threads(threads)
-  {
-    const int n = omp_get_num_threads(), id = omp_get_thread_num();
-    const std::size_t chunk = (bytes / n + 63) / 64 * 64;
-    const std::size_t lo = std::min(bytes, chunk * id), hi = std::min(bytes, lo + chunk);
-    std::memcpy(to + lo, from + lo, hi - lo);
+void stream_range(const __m128i* s, __m128i* d, std::size_t lo, std::size_t hi) {
+  for (std::size_t i = lo; i < hi; ++i) _mm_stream_si128(d + i, _mm_load_si128(s + i));
+  _mm_sfence();
+}
+
+void rmw_read_range(__m128i* v, const __m128i* o, std::size_t lo, std::size_t hi) {
+  for (std::size_t i = lo; i < hi; ++i)
+    _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), _mm_load_si128(o + i)));
+}
+
+template <bool Streaming>
+void copy_read_range(const __m128i* s, const __m128i* o, __m128i* d, std::size_t lo,
+                     std::size_t hi) {
+  for (std::size_t i = lo; i < hi; ++i) {
+    const __m128i v = _mm_add_epi32(_mm_load_si128(s + i), _mm_load_si128(o + i));
+    if constexpr (Streaming) {
+      _mm_stream_si128(d + i, v);
+    } else {
+      _mm_store_si128(d + i, v);
+    }
   }
+  _mm_sfence();
+}
+
+void rmw(unsigned char* p, std::size_t bytes, int threads) {
+  auto* v = reinterpret_cast<__m128i*>(p);
+  for_chunks(bytes / 16, threads, [v](std::size_t lo, std::size_t hi) { rmw_range(v, lo, hi); });
+}
+
+void copy_plain(const unsigned char* from, unsigned char* to, std::size_t bytes, int threads) {
+  for_chunks((bytes + 63) / 64, threads, [=](std::size_t lo, std::size_t hi) {
+    std::memcpy(to + lo * 64, from + lo * 64, std::min(bytes, hi * 64) - lo * 64);
+  });
 }
 
 void copy_streaming(const unsigned char* from, unsigned char* to, std::size_t bytes, int threads) {
   const auto* s = reinterpret_cast<const __m128i*>(from);
   auto* d = reinterpret_cast<__m128i*>(to);
-  const std::size_t n = bytes / 16;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::size_t i = 0; i < n; ++i) _mm_stream_si128(d + i, _mm_load_si128(s + i));
-  _mm_sfence();
+  for_chunks(bytes / 16, threads,
+             [s, d](std::size_t lo, std::size_t hi) { stream_range(s, d, lo, hi); });
 }
 
 // In place while reading a second buffer of the same size (dy rewritten, x read).
 void rmw_read(unsigned char* p, const unsigned char* other, std::size_t bytes, int threads) {
   auto* v = reinterpret_cast<__m128i*>(p);
   const auto* o = reinterpret_cast<const __m128i*>(other);
-  const std::size_t n = bytes / 16;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::size_t i = 0; i < n; ++i)
-    _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), _mm_load_si128(o + i)));
+  for_chunks(bytes / 16, threads,
+             [v, o](std::size_t lo, std::size_t hi) { rmw_read_range(v, o, lo, hi); });
 }
 
 // Out of place while reading a second buffer: to = from + other, normal or streaming stores.
@@ -141,17 +173,13 @@ void copy_read(const unsigned char* from, const unsigned char* other, unsigned c
   const auto* s = reinterpret_cast<const __m128i*>(from);
   const auto* o = reinterpret_cast<const __m128i*>(other);
   auto* d = reinterpret_cast<__m128i*>(to);
-  const std::size_t n = bytes / 16;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::size_t i = 0; i < n; ++i) {
-    const __m128i v = _mm_add_epi32(_mm_load_si128(s + i), _mm_load_si128(o + i));
+  for_chunks(bytes / 16, threads, [=](std::size_t lo, std::size_t hi) {
     if (streaming) {
-      _mm_stream_si128(d + i, v);
+      copy_read_range<true>(s, o, d, lo, hi);
     } else {
-      _mm_store_si128(d + i, v);
+      copy_read_range<false>(s, o, d, lo, hi);
     }
-  }
-  _mm_sfence();
+  });
 }
 
 // ---- the unfused baseline ------------------------------------------------------------------

@@ -216,9 +216,9 @@ TEST(Kernels, ThreadCountDoesNotChangeResults) {
 }
 
 // MRoPE gathers its angles for runs of 64 tokens before rotating them: token counts of one,
-// one run, a run and one, and several runs ending mid-run, on one thread and two (each thread's
-// share ends mid-run), both section layouts, forward, backward and QK RMSNorm, in place and
-// out of place.
+// one run, a run and one, and several runs ending mid-run, on one thread and two (at 201 tokens
+// of 12 heads the call is large enough to be split: its blocks of tokens end mid-run), both
+// section layouts, forward, backward and QK RMSNorm, in place and out of place.
 TEST(Kernels, MropeRunsOfTokensMatchGolden) {
   std::uint64_t seed = 1200;
   const int before = num_threads();
@@ -234,8 +234,8 @@ TEST(Kernels, MropeRunsOfTokensMatchGolden) {
         c.head_dim = 128;
         c.rotary_dim = 128;
         c.tokens = T;
-        c.q_heads = 3;
-        c.k_heads = 1;
+        c.q_heads = 9;
+        c.k_heads = 3;
         c.mrope_section =
             variant < 2 ? std::array<int, 3>{16, 24, 24} : std::array<int, 3>{24, 20, 20};
         c.mrope = variant < 2 ? mrope_layout::chunked : mrope_layout::interleaved;

@@ -77,9 +77,10 @@ struct rope_plan {
   std::int64_t tokens() const { return batch * seq; }
 };
 
-// Runs the plan on the CPU: threads split the tokens; small problems stay on this thread.
-// Weight gradients (qk-norm backward) are summed into blocks[k].weight_grad, which must hold
-// max_chunks() * head_dim zeroed doubles; run_rope_cpu adds the chunks into chunk 0.
+// Runs the plan on the CPU: threads take blocks of tokens in turn; small problems stay on
+// this thread. Weight gradients (qk-norm backward) are summed into blocks[k].weight_grad, which
+// must hold max_chunks() * head_dim zeroed doubles, one chunk per block of tokens;
+// run_rope_cpu adds the chunks into chunk 0 in block order.
 void run_rope_cpu(const rope_plan& plan);
 int max_chunks();
 // True when the CPU has AVX512-BF16 (vcvtneps2bf16), read once.
