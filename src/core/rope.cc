@@ -805,7 +805,7 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
     b.x_b = r4 ? xin.strides[0] : 0;
     b.x_s = xin.strides[r4 ? 1 : 0];
     b.x_h = xin.strides[xin.rank - 2];
-    st.weight_grad[k].assign(static_cast<std::size_t>(detail::max_chunks() * D), 0.0);
+    st.weight_grad[k].assign(static_cast<std::size_t>(detail::token_blocks(plan) * D), 0.0);
     b.weight_grad = st.weight_grad[k].data();
   }
   operand_list ops;

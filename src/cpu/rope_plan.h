@@ -77,12 +77,12 @@ struct rope_plan {
   std::int64_t tokens() const { return batch * seq; }
 };
 
-// Runs the plan on the CPU: threads take blocks of tokens in turn; small problems stay on
-// this thread. Weight gradients (qk-norm backward) are summed into blocks[k].weight_grad, which
-// must hold max_chunks() * head_dim zeroed doubles, one chunk per block of tokens;
-// run_rope_cpu adds the chunks into chunk 0 in block order.
+// Runs the plan on the CPU: threads take its token_blocks(plan) blocks of tokens in turn;
+// small problems stay on this thread (one block). Weight gradients (qk-norm backward) are
+// summed into blocks[k].weight_grad, which must hold token_blocks(plan) * head_dim zeroed
+// doubles, one chunk per block; run_rope_cpu adds the chunks into chunk 0 in block order.
 void run_rope_cpu(const rope_plan& plan);
-int max_chunks();
+std::int64_t token_blocks(const rope_plan& plan);
 // True when the CPU has AVX512-BF16 (vcvtneps2bf16), read once.
 bool native_bf16();
 

@@ -166,7 +166,15 @@ constexpr std::int64_t min_parallel_elements = 1 << 18;
 // and 0.107 for QK RMSNorm): the blocks help when the machine is shared.
 constexpr std::int64_t blocks_per_thread = 16;
 
-int max_chunks() { return static_cast<int>(blocks_per_thread) * num_threads(); }
+std::int64_t token_blocks(const rope_plan& plan) {
+  const std::int64_t tokens = plan.tokens();
+  std::int64_t heads = 0;
+  for (int k = 0; k < plan.num_blocks; ++k) heads += plan.blocks[k].heads;
+  const std::int64_t elements = tokens * heads * plan.head_dim;
+  const std::int64_t threads = std::min<std::int64_t>(num_threads(), tokens);
+  if (threads <= 1 || elements < min_parallel_elements) return 1;
+  return std::min<std::int64_t>(tokens, blocks_per_thread * threads);
+}
 
 bool native_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -181,17 +189,14 @@ void run_rope_cpu(const rope_plan& plan) {
   apply_env_target();
   const std::int64_t tokens = plan.tokens();
   if (tokens == 0) return;
-  std::int64_t heads = 0;
-  for (int k = 0; k < plan.num_blocks; ++k) heads += plan.blocks[k].heads;
-  const std::int64_t elements = tokens * heads * plan.head_dim;
-  const int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), tokens));
-  if (threads <= 1 || elements < min_parallel_elements) {
+  const std::int64_t blocks = token_blocks(plan);
+  if (blocks == 1) {
     rope_tokens(plan, 0, tokens, 0);
     return;
   }
   // Block b holds tokens [T b / n, T (b + 1) / n) and sums its weight-gradient terms into
   // chunk b, so the sums do not depend on which thread took which block.
-  const std::int64_t blocks = std::min<std::int64_t>(tokens, blocks_per_thread * threads);
+  const int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), tokens));
   std::atomic<std::int64_t> next{0};
 #pragma omp parallel num_threads(threads)
   for (std::int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) {
