@@ -802,14 +802,14 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
 #if HWY_TARGET != HWY_SCALAR
 // How many vectors such a row has (else 0): every dim rotated, the layout kept, r/2 at least
 // one vector but not a multiple of it, the row an odd number of vectors up to 7. 16-bit halves
-// keep the pair-at-a-time path: widening each vector and joining its partner put three
+// take it only when the output streams: widening each vector and joining its partner put three
 // shuffles on every vector (one-thread loop, head dim 80 in cache, bf16 0.101 against 0.111
 // ns per element; f16 even), where f32 halves (0.125 to 0.079) and adjacent pairs of every
 // dtype (f16 0.137 to 0.091, bf16 0.119 to 0.106) gain.
-inline int output_order_vectors(const rope_plan& p, std::int64_t lanes) {
+inline int output_order_vectors(const rope_plan& p, std::int64_t lanes, bool streaming) {
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
   if (p.qk_norm || p.rotary_dim != D || p.in_pairs != p.out_pairs) return 0;
-  if (p.in_pairs == pairs::halves && p.x_type != dtype::f32) return 0;
+  if (p.in_pairs == pairs::halves && p.x_type != dtype::f32 && !streaming) return 0;
   if (half < lanes || half % lanes == 0 || D % lanes != 0) return 0;
   const std::int64_t vectors = D / lanes;
   return vectors <= 7 ? static_cast<int>(vectors) : 0;
@@ -886,7 +886,7 @@ HWY_NOINLINE void rotate_block_output_order(df32 d, const head_block& blk,
   }
 }
 #else
-inline int output_order_vectors(const rope_plan&, std::int64_t) { return 0; }
+inline int output_order_vectors(const rope_plan&, std::int64_t, bool) { return 0; }
 #endif
 
 // The heads of one block (q or k) of one token. Full (four angle vectors or two) is decided
@@ -986,8 +986,8 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
   float* scratch = thread_scratch(p);
   T* row_copy = reinterpret_cast<T*>(scratch + 2 * p.rotary_dim);
   [[maybe_unused]] const std::int64_t half = p.rotary_dim / 2;
-  [[maybe_unused]] const int ordered =
-      output_order_vectors(p, static_cast<std::int64_t>(hn::Lanes(d)));
+  [[maybe_unused]] const int ordered = output_order_vectors(
+      p, static_cast<std::int64_t>(hn::Lanes(d)), !std::is_same_v<IO, typename IO::plain>);
   for_each_block<T>(p, first, last, scratch,
                     [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
                         const T* in, T* out) {
@@ -1511,7 +1511,7 @@ bool can_stream(const rope_plan& p) {
   // halves stream vectors of `lanes` elements at i and half + i; pairs stream whole registers
   // (lanes u32 of two 16-bit elements, or two vectors of f32) at 2i; rows taken in output
   // order stream whole vectors of `lanes` elements, in either layout
-  const bool output_order = output_order_vectors(p, lanes) != 0;
+  const bool output_order = output_order_vectors(p, lanes, true) != 0;
   const std::int64_t vector_bytes = adjacent && !output_order ? lanes * 4 : lanes * es;
   if (!output_order) {
     if (adjacent && !IO::pairs_encode && !f32_io::pairs_vectors) return false;
