@@ -801,11 +801,13 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
 // y_b = x_b cb + x_a sb, bit for bit.
 #if HWY_TARGET != HWY_SCALAR
 // How many vectors such a row has (else 0): every dim rotated, the layout kept, r/2 at least
-// one vector but not a multiple of it, the row an odd number of vectors up to 7. 16-bit halves
-// take it only when the output streams: widening each vector and joining its partner put three
-// shuffles on every vector (one-thread loop, head dim 80 in cache, bf16 0.101 against 0.111
-// ns per element; f16 even), where f32 halves (0.125 to 0.079) and adjacent pairs of every
-// dtype (f16 0.137 to 0.091, bf16 0.119 to 0.106) gain.
+// one vector but not a multiple of it, the row an odd number of vectors up to 7. f32 halves
+// (one-thread loop, head dim 80 in cache: 0.125 to 0.079 ns per element) and adjacent pairs of
+// every dtype (f16 0.137 to 0.091, bf16 0.119 to 0.106) gain. 16-bit halves take it only when
+// the output streams: widening each vector and joining its partner put three shuffles on every
+// vector (bf16 0.101 against 0.111 in cache; f16 even), but streamed, the output skips its
+// reads for ownership (bench --only vision, out of place, ten alternations: bf16 0.49 to 0.59
+// of the ceiling at one thread, 0.56 to 0.69 at two; f16 0.56 to 0.62 and 0.58 to 0.69).
 inline int output_order_vectors(const rope_plan& p, std::int64_t lanes, bool streaming) {
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
   if (p.qk_norm || p.rotary_dim != D || p.in_pairs != p.out_pairs) return 0;
