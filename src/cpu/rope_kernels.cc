@@ -1280,7 +1280,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
   }
   // 16-bit rows of whole vectors: the weights folded into the angles once per token and block
   [[maybe_unused]] HWY_ALIGN float folded_rows[4 * 4 * max_f32_lanes];
-  [[maybe_unused]] token_angles folded;
+  [[maybe_unused]] token_angles folded = a;
   [[maybe_unused]] int held16 = 0;
   if constexpr (!HfRound && sizeof(T) == 2) {
     held16 = half >= lanes && rotary == D ? held_vectors(half, lanes) : 0;
