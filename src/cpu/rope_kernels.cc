@@ -310,7 +310,7 @@ struct bf16_native_io : bf16_io {
 // interleaved into whole vectors (AVX-512), else keep normal stores.
 template <class IO>
 struct streaming_io : IO {
-  using plain = IO;
+  using plain = IO;  // the same type with normal stores
   static void store(df32 d, vf32 v, typename IO::storage* p) {
     hn::Stream(IO::encode(d, v), typename IO::out_tag(),
                reinterpret_cast<typename IO::out_lane*>(p));
@@ -417,10 +417,16 @@ HWY_INLINE void rotate_vectors(df32 d, vf32 xa, vf32 xb, std::int64_t i, token_a
   }
 }
 
-// `pre(v, second, i)` transforms each loaded vector before the rotation (the identity, or
-// QK RMSNorm's x r w); `second` tells the pair's second elements from its first.
+// `pre(v, second, i)` transforms each loaded vector before the rotation (the identity, QK
+// RMSNorm's x r w, or its x r where the weights are folded into the angles); `second` tells
+// the pair's second elements from its first.
 struct no_pre {
   HWY_INLINE vf32 operator()(vf32 v, bool, std::int64_t) const { return v; }
+};
+// x r: QK RMSNorm's scaling when the weights are folded into the angles
+struct scaled_by {
+  vf32 r;
+  HWY_INLINE vf32 operator()(vf32 v, bool, std::int64_t) const { return hn::Mul(v, r); }
 };
 
 // One vector of pairs at frequency i, read from x as `In` lays them out, transformed by `pre`
@@ -712,8 +718,8 @@ struct memory_angles {
   HWY_INLINE vf32 sb(int v) const { return in_register(hn::LoadU(d, a.sb + v * n)); }
 };
 
-// A row of NV whole vectors of pairs, each transformed by `pre(v, second, i)` (the identity,
-// or QK RMSNorm's x r or x r w), rotated through `f` and stored. The whole row is loaded
+// A row of NV whole vectors of pairs, each transformed by `pre(v, second, i)` (no_pre, or QK
+// RMSNorm's x r: scaled_by), rotated through `f` and stored. The whole row is loaded
 // before any of it is stored when it is in place with a changed layout (so that no copy of the
 // row is needed) and when x is 16-bit; an f32 row loads each vector of pairs as it is rotated.
 // Measured in memory (one thread, 32 + 8 heads of 128, T = 8192, ns per element), 16-bit out
@@ -988,8 +994,9 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
   float* scratch = thread_scratch(p);
   T* row_copy = reinterpret_cast<T*>(scratch + 2 * p.rotary_dim);
   [[maybe_unused]] const std::int64_t half = p.rotary_dim / 2;
-  [[maybe_unused]] const int ordered = output_order_vectors(
-      p, static_cast<std::int64_t>(hn::Lanes(d)), !std::is_same_v<IO, typename IO::plain>);
+  constexpr bool streams = !std::is_same_v<IO, typename IO::plain>;  // a streaming_io
+  [[maybe_unused]] const int ordered =
+      output_order_vectors(p, static_cast<std::int64_t>(hn::Lanes(d)), streams);
   for_each_block<T>(p, first, last, scratch,
                     [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
                         const T* in, T* out) {
@@ -1107,15 +1114,23 @@ template <class IO, pairs PIn, pairs POut, int NV>
 HWY_INLINE void norm_rotate_row_vectors(df32 d, const typename IO::storage* x,
                                         typename IO::storage* y, const token_angles& folded,
                                         std::int64_t half, float r) {
-  const vf32 rv = hn::Set(d, r);
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  rotate_row_vectors<IO, PIn, POut, NV>(
-      d, x, y, memory_angles<true>{d, folded, n}, half,
-      [rv](vf32 v, bool, std::int64_t) { return hn::Mul(v, rv); });
+  rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, memory_angles<true>{d, folded, n}, half,
+                                        scaled_by{hn::Set(d, r)});
 }
 
-// A token's angles with one block's weights folded in, as folded_angles holds them, written
-// to `rows` (4 r/2 floats): wa ca, wb sa, wb cb, wa sb.
+// A token's angles at frequency i with one block's RMSNorm weights folded in: wa ca, wb sa,
+// wb cb, wa sb (the weight of the element each angle multiplies).
+HWY_INLINE void folded_at(df32 d, const token_angles& a, const float* wa, const float* wb,
+                          std::int64_t i, vf32& ca, vf32& sa, vf32& cb, vf32& sb) {
+  const vf32 va = hn::LoadU(d, wa + i), vb = hn::LoadU(d, wb + i);
+  ca = hn::Mul(va, hn::LoadU(d, a.ca + i));
+  sa = hn::Mul(vb, hn::LoadU(d, a.sa + i));
+  cb = hn::Mul(vb, hn::LoadU(d, a.cb + i));
+  sb = hn::Mul(va, hn::LoadU(d, a.sb + i));
+}
+
+// The folded angles of a token's r/2 frequencies written to `rows` (4 r/2 floats).
 HWY_INLINE token_angles fold_weights(df32 d, const token_angles& a, const float* wa,
                                      const float* wb, std::int64_t half, float* rows) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
@@ -1124,11 +1139,12 @@ HWY_INLINE token_angles fold_weights(df32 d, const token_angles& a, const float*
   float* cb = rows + 2 * half;
   float* sb = rows + 3 * half;
   for (std::int64_t i = 0; i < half; i += n) {
-    const vf32 va = hn::LoadU(d, wa + i), vb = hn::LoadU(d, wb + i);
-    hn::Store(hn::Mul(va, hn::LoadU(d, a.ca + i)), d, ca + i);
-    hn::Store(hn::Mul(vb, hn::LoadU(d, a.sa + i)), d, sa + i);
-    hn::Store(hn::Mul(vb, hn::LoadU(d, a.cb + i)), d, cb + i);
-    hn::Store(hn::Mul(va, hn::LoadU(d, a.sb + i)), d, sb + i);
+    vf32 c, s, c2, s2;
+    folded_at(d, a, wa, wb, i, c, s, c2, s2);
+    hn::Store(c, d, ca + i);
+    hn::Store(s, d, sa + i);
+    hn::Store(c2, d, cb + i);
+    hn::Store(s2, d, sb + i);
   }
   return token_angles{ca, sa, cb, sb, true};
 }
@@ -1213,13 +1229,7 @@ struct folded_angles {
   vf32 c[NV], s[NV], c2[NV], s2[NV];
   HWY_INLINE folded_angles(df32 d, const token_angles& a, const float* wa, const float* wb) {
     const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-    for (int v = 0; v < NV; ++v) {
-      const vf32 va = hn::LoadU(d, wa + v * n), vb = hn::LoadU(d, wb + v * n);
-      c[v] = hn::Mul(va, hn::LoadU(d, a.ca + v * n));
-      s[v] = hn::Mul(vb, hn::LoadU(d, a.sa + v * n));
-      c2[v] = hn::Mul(vb, hn::LoadU(d, a.cb + v * n));
-      s2[v] = hn::Mul(va, hn::LoadU(d, a.sb + v * n));
-    }
+    for (int v = 0; v < NV; ++v) folded_at(d, a, wa, wb, v * n, c[v], s[v], c2[v], s2[v]);
   }
   HWY_INLINE vf32 ca(int v) const { return c[v]; }
   HWY_INLINE vf32 sa(int v) const { return s[v]; }
@@ -1241,10 +1251,8 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
   float inv_rms[norm_group];
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
     if (hd % norm_group == 0) group_inverse_rms<IO>(d, p, blk, in, hd, inv_rms);
-    const vf32 r = hn::Set(d, inv_rms[hd % norm_group]);
-    rotate_row_vectors<IO, PIn, POut, NV>(
-        d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
-        [r](vf32 v, bool, std::int64_t) { return hn::Mul(v, r); });
+    rotate_row_vectors<IO, PIn, POut, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
+                                          scaled_by{hn::Set(d, inv_rms[hd % norm_group])});
   }
 }
 
@@ -1283,7 +1291,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
   [[maybe_unused]] token_angles folded = a;
   [[maybe_unused]] int held16 = 0;
   if constexpr (!HfRound && sizeof(T) == 2) {
-    held16 = half >= lanes && rotary == D ? held_vectors(half, lanes) : 0;
+    held16 = rotary == D ? held_vectors(half, lanes) : 0;
     if (held16 != 0) folded = fold_weights(d, a, blk.weight_a, blk.weight_b, half, folded_rows);
   }
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
