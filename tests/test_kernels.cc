@@ -708,10 +708,13 @@ TEST(Kernels, QkNormHfRoundingIsSeparateRoundingOnEveryTarget) {
 }
 
 // The vector conversions of this target against the scalar ones (themselves checked against
-// independent references for every input in test_dtype.cc): every fp32 bit pattern.
+// independent references for every input in test_dtype.cc): every fp32 bit pattern. bf16 is
+// checked both as one vector is stored and as two are narrowed together (bf16 rows of halves
+// without AVX-512).
 TEST(KernelConversions, EveryF32BitPatternRoundsLikeScalar) {
   constexpr std::int64_t chunk = 1 << 20;
-  for (dtype to : {dtype::f16, dtype::bf16}) {
+  for (int way = 0; way < 3; ++way) {
+    const dtype to = way == 0 ? dtype::f16 : dtype::bf16;
     std::int64_t mismatches = 0;
 #pragma omp parallel for reduction(+ : mismatches) schedule(static)
     for (std::int64_t start = 0; start < (std::int64_t{1} << 32); start += chunk) {
@@ -721,14 +724,18 @@ TEST(KernelConversions, EveryF32BitPatternRoundsLikeScalar) {
         const auto bits = static_cast<std::uint32_t>(start + i);
         std::memcpy(&in[i], &bits, 4);
       }
-      detail::convert_f32_to_16(to, in.data(), out.data(), chunk);
+      if (way < 2) {
+        detail::convert_f32_to_16(to, in.data(), out.data(), chunk);
+      } else {
+        detail::convert_f32_to_bf16_blocks(in.data(), out.data(), chunk);
+      }
       for (std::int64_t i = 0; i < chunk; ++i) {
         const std::uint16_t want =
             to == dtype::f16 ? f32_to_f16_bits(in[i]) : f32_to_bf16_bits(in[i]);
         mismatches += out[i] != want;
       }
     }
-    EXPECT_EQ(mismatches, 0) << to_string(to);
+    EXPECT_EQ(mismatches, 0) << to_string(to) << (way == 2 ? " (two vectors together)" : "");
   }
 }
 

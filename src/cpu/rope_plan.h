@@ -89,6 +89,9 @@ bool native_bf16();
 // Per-target entry points (rope_kernels.cc). `chunk` selects the weight-gradient row.
 void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last, int chunk);
 void convert_f32_to_16(dtype to, const float* in, std::uint16_t* out, std::int64_t n);
+// fp32 -> bf16 as rows of bf16 halves store it where the target takes them a vector of bf16 at
+// a time (two fp32 vectors narrowed together, one NaN test for both), else convert_f32_to_16.
+void convert_f32_to_bf16_blocks(const float* in, std::uint16_t* out, std::int64_t n);
 void convert_16_to_f32(dtype from, const std::uint16_t* in, float* out, std::int64_t n);
 
 }  // namespace tilerope::detail
