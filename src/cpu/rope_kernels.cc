@@ -836,7 +836,10 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
 // block of heads (block_ordered). One NaN test covers a step's four results. Rope-neox bf16
 // with AVX2, one thread: in cache 0.29 to 0.20 ns per element in place, 0.25 to 0.20 out of
 // place; bench --only rope-neox, Qwen3-8B, two alternations: 0.47 to 0.61 of the ceiling in
-// place, 0.52 to 0.61 out of place (two threads 0.57 to 0.76, 0.48 to 0.73).
+// place, 0.52 to 0.61 out of place (two threads 0.57 to 0.76, 0.48 to 0.73). Head dim 80
+// (r/2 = 2n + n with AVX2) ends each row with one fp32 vector of pairs: bench --only vision,
+// three alternations, bf16 0.41 to 0.47 in place, 0.43 to 0.45 out of place (two threads
+// 0.47 and 0.46, 0.48 to 0.65).
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
 #define TILEROPE_BF16_BLOCKS 1
 using du16_t = hn::Repartition<std::uint16_t, df32>;  // 2n lanes
@@ -878,26 +881,30 @@ HWY_INLINE void to_block_order(df32 d, vf32 v0, vf32 v1, vf32& first, vf32& seco
   }
 }
 
-// Whether a row takes it: bf16 halves in and out, r/2 a multiple of 2n; with QK RMSNorm
-// (fp32_once, forward) every dim rotated.
+// Whether a row takes it: bf16 halves in and out, r/2 a multiple of n and at least 2n; with QK
+// RMSNorm (fp32_once, forward) every dim rotated.
 template <class IO>
 inline bool takes_bf16_blocks(const rope_plan& p, std::int64_t lanes) {
   if (p.qk_norm && (p.backward || p.hf_rounding || p.rotary_dim != p.head_dim)) return false;
   return std::is_same_v<typename IO::plain, bf16_io> && p.in_pairs == pairs::halves &&
-         p.out_pairs == pairs::halves && p.rotary_dim / 2 % (2 * lanes) == 0;
+         p.out_pairs == pairs::halves && p.rotary_dim / 2 % lanes == 0 &&
+         p.rotary_dim / 2 >= 2 * lanes;
 }
 
-// The token's angles in block order, in `rows` (4 * r/2 floats).
+// The token's angles in block order, in `rows` (4 * r/2 floats); where r/2 = (2k + 1) n, the
+// last n in element order.
 HWY_INLINE token_angles block_ordered(df32 d, const token_angles& a, std::int64_t half,
                                       float* rows) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   auto put = [&](const float* from, float* to) {
-    for (std::int64_t i = 0; i < half; i += 2 * n) {
+    std::int64_t i = 0;
+    for (; i + 2 * n <= half; i += 2 * n) {
       vf32 first, second;
       to_block_order(d, hn::LoadU(d, from + i), hn::LoadU(d, from + i + n), first, second);
       hn::StoreU(first, d, to + i);
       hn::StoreU(second, d, to + i + n);
     }
+    if (i < half) hn::StoreU(hn::LoadU(d, from + i), d, to + i);  // the last n in element order
   };
   put(a.ca, rows);
   put(a.sa, rows + half);
@@ -913,8 +920,14 @@ template <class IO, bool Full, class Pre = no_pre>
 HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint16_t* y,
                                        const token_angles& a, std::int64_t half, Pre pre = {}) {
   const du16_t d16;
+  const hn::Half<du16_t> dh;  // n lanes
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  for (std::int64_t i = 0; i < half; i += 2 * n) {
+  // streamed whole where both halves' vectors of 2n are aligned to them, else n at a time
+  // (can_stream checks n)
+  [[maybe_unused]] const bool whole =
+      (reinterpret_cast<std::uintptr_t>(y) | static_cast<std::uintptr_t>(half * 2)) % (4 * n) == 0;
+  std::int64_t i = 0;
+  for (; i + 2 * n <= half; i += 2 * n) {
     vf32 a0, a1, b0, b1;  // [n] each: elements [i, i + 2n) of each half in block order
     widen_bf16_blocks(d, hn::LoadU(d16, x + i), a0, a1);
     widen_bf16_blocks(d, hn::LoadU(d16, x + half + i), b0, b1);
@@ -928,10 +941,20 @@ HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint
     if constexpr (std::is_same_v<IO, typename IO::plain>) {
       hn::StoreU(ea, d16, y + i);
       hn::StoreU(eb, d16, y + half + i);
-    } else {  // streaming_io: whole aligned vectors (can_stream)
+    } else if (whole) {  // streaming_io
       hn::Stream(ea, d16, y + i);
       hn::Stream(eb, d16, y + half + i);
+    } else {
+      hn::Stream(hn::LowerHalf(dh, ea), dh, y + i);
+      hn::Stream(hn::UpperHalf(dh, ea), dh, y + i + n);
+      hn::Stream(hn::LowerHalf(dh, eb), dh, y + half + i);
+      hn::Stream(hn::UpperHalf(dh, eb), dh, y + half + i + n);
     }
+  }
+  if (i < half) {  // r/2 = (2k + 1) n: the last n pairs one fp32 vector at a time
+    vf32 ya, yb;
+    load_rotate<IO, IO, pairs::halves, false, Full>(d, x, i, half, a, pre, ya, yb);
+    store_pair<IO, pairs::halves>(d, ya, yb, y, i, half);
   }
 }
 
@@ -1738,9 +1761,7 @@ bool can_stream(const rope_plan& p) {
   // (lanes u32 of two 16-bit elements, or two vectors of f32) at 2i; rows taken in output
   // order stream whole vectors of `lanes` elements, in either layout
   const bool output_order = output_order_vectors(p, lanes, true) != 0;
-  // rows of bf16 halves a vector of bf16 at a time store 2n elements at i and half + i
-  const std::int64_t vector_bytes =
-      (adjacent && !output_order) || takes_bf16_blocks<IO>(p, lanes) ? lanes * 4 : lanes * es;
+  const std::int64_t vector_bytes = adjacent && !output_order ? lanes * 4 : lanes * es;
   if (!output_order) {
     if (adjacent && !IO::pairs_encode && !f32_io::pairs_vectors) return false;
     if (half % lanes != 0) return false;
