@@ -241,9 +241,10 @@ struct bf16_io {
   using out_tag = hn::Rebind<std::uint16_t, df32>;
   using out_lane = std::uint16_t;
   static constexpr bool pairs_encode = true;
-  // Without a native conversion the rounding is most of a 16-bit row's work: vectors are
-  // tested for NaN once (two at a time where they come in pairs) and take the rounding alone
-  // when none is.
+  // Without a native conversion the rounding is about a third of a bf16 row's work in cache
+  // (rope-neox with AVX2: 0.25 ns per element, 0.16 storing by truncation): vectors are tested
+  // for NaN once (two at a time where they come in pairs) and take the rounding alone when
+  // none is.
   static hn::Vec<out_tag> narrow(hn::Vec<du32_t> bits) {
     return hn::DemoteTo(out_tag(), hn::BitCast(hn::RebindToSigned<df32>(), bits));
   }
