@@ -95,18 +95,20 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<df32>> f32_to_bf16(df32, vf32 v) {
   return hn::IfThenElse(hn::RebindMask(du, is_nan), quiet, rounded);
 }
 
-// f32_to_bf16's rounding alone, for lanes known not to hold NaN: the bf16 bits in the upper
-// half of each u32 lane (the lower half is left over). Five integer operations where
-// f32_to_bf16 takes ten; callers test their vectors for NaN once and take f32_to_bf16 if any.
-HWY_INLINE hn::Vec<hn::RebindToUnsigned<df32>> bf16_rounded_high(df32, vf32 v) {
+// The bf16 bits of v in the upper half of each u32 lane (the lower half is left over). Where
+// no lane is NaN (`nan` false), the rounding alone: five integer operations where f32_to_bf16
+// takes ten. Callers test their vectors for NaN once (may_hold_nan).
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<df32>> bf16_high(df32 d, vf32 v, bool nan) {
   const hn::RebindToUnsigned<df32> du;
+  if (HWY_UNLIKELY(nan)) return hn::ShiftLeft<16>(f32_to_bf16(d, v));
   const auto u = hn::BitCast(du, v);
   const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
   return hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb));
 }
-HWY_INLINE bool any_nan(df32 d, vf32 a, vf32 b) {
-  return !hn::AllFalse(d, hn::Or(hn::IsNaN(a), hn::IsNaN(b)));
-}
+
+// Whether some lane of v may be NaN. Callers pass sums of the vectors they store: a NaN makes
+// the sum NaN (so does Inf - Inf, which then only takes the long way to the same bits).
+HWY_INLINE bool may_hold_nan(df32 d, vf32 v) { return !hn::AllFalse(d, hn::IsNaN(v)); }
 
 // Element types as the kernels see them: load N values as fp32, store N fp32 rounded once.
 struct f32_io {
@@ -249,25 +251,18 @@ struct bf16_io {
     return hn::DemoteTo(out_tag(), hn::BitCast(hn::RebindToSigned<df32>(), bits));
   }
   static hn::Vec<out_tag> encode(df32 d, vf32 v) {
-    if (HWY_UNLIKELY(!hn::AllFalse(d, hn::IsNaN(v)))) return narrow(f32_to_bf16(d, v));
-    return narrow(hn::ShiftRight<16>(bf16_rounded_high(d, v)));
+    return narrow(hn::ShiftRight<16>(bf16_high(d, v, may_hold_nan(d, v))));
   }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
   static void encode_halves(df32 d, vf32 a, vf32 b, hn::Vec<out_tag>& ea, hn::Vec<out_tag>& eb) {
-    if (HWY_UNLIKELY(any_nan(d, a, b))) {
-      ea = narrow(f32_to_bf16(d, a));
-      eb = narrow(f32_to_bf16(d, b));
-      return;
-    }
-    ea = narrow(hn::ShiftRight<16>(bf16_rounded_high(d, a)));
-    eb = narrow(hn::ShiftRight<16>(bf16_rounded_high(d, b)));
+    const bool nan = may_hold_nan(d, hn::Add(a, b));
+    ea = narrow(hn::ShiftRight<16>(bf16_high(d, a, nan)));
+    eb = narrow(hn::ShiftRight<16>(bf16_high(d, b, nan)));
   }
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
-    if (HWY_UNLIKELY(any_nan(d, even, odd))) {
-      return hn::Or(f32_to_bf16(d, even), hn::ShiftLeft<16>(f32_to_bf16(d, odd)));
-    }
-    return hn::Or(hn::ShiftRight<16>(bf16_rounded_high(d, even)),
-                  hn::And(bf16_rounded_high(d, odd), hn::Set(du32_t(), 0xffff0000u)));
+    const bool nan = may_hold_nan(d, hn::Add(even, odd));
+    return hn::Or(hn::ShiftRight<16>(bf16_high(d, even, nan)),
+                  hn::And(bf16_high(d, odd, nan), hn::Set(du32_t(), 0xffff0000u)));
   }
   // a vector of pairs widens with one instruction per vector (a shift or a mask) from one
   // load, where load() takes a widening load and a shift per vector: sums whose order does
@@ -857,18 +852,9 @@ HWY_INLINE void widen_bf16_blocks(df32 d, hn::Vec<du16_t> v, vf32& first, vf32& 
 HWY_INLINE hn::Vec<du16_t> narrow_bf16_blocks(df32 d, vf32 first, vf32 second, bool nan) {
   const hn::RebindToSigned<df32> di;
   // the bf16 bits sign-extended in i32 lanes, so that the signed pack keeps them
-  auto bits = [&](vf32 v) {
-    const auto high = nan ? hn::ShiftLeft<16>(f32_to_bf16(d, v)) : bf16_rounded_high(d, v);
-    return hn::ShiftRight<16>(hn::BitCast(di, high));
-  };
+  auto bits = [&](vf32 v) { return hn::ShiftRight<16>(hn::BitCast(di, bf16_high(d, v, nan))); };
   return hn::BitCast(du16_t(), hn::ReorderDemote2To(hn::Repartition<std::int16_t, df32>(),
                                                     bits(first), bits(second)));
-}
-
-// Whether some lane of a or b may be NaN: a NaN makes the sum NaN (so does Inf - Inf, which
-// then only takes the long way to the same bits).
-HWY_INLINE bool may_hold_nan(df32 d, vf32 a, vf32 b) {
-  return !hn::AllFalse(d, hn::IsNaN(hn::Add(a, b)));
 }
 
 // 2n fp32 in element order -> block order
@@ -936,7 +922,7 @@ HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint
     rotate_vectors<IO, false, Full>(d, pre(a0, false, i), pre(b0, true, i), i, a, ya0, yb0);
     rotate_vectors<IO, false, Full>(d, pre(a1, false, i + n), pre(b1, true, i + n), i + n, a, ya1,
                                     yb1);
-    const bool nan = may_hold_nan(d, hn::Add(ya0, ya1), hn::Add(yb0, yb1));
+    const bool nan = may_hold_nan(d, hn::Add(hn::Add(ya0, ya1), hn::Add(yb0, yb1)));
     const auto ea = narrow_bf16_blocks(d, ya0, ya1, nan);
     const auto eb = narrow_bf16_blocks(d, yb0, yb1, nan);
     if constexpr (std::is_same_v<IO, typename IO::plain>) {
@@ -1871,7 +1857,7 @@ void convert_f32_to_bf16_blocks_impl(const float* in, std::uint16_t* out, std::i
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
     vf32 first, second;
     to_block_order(d, hn::LoadU(d, in + i), hn::LoadU(d, in + i + lanes), first, second);
-    const bool nan = may_hold_nan(d, first, second);
+    const bool nan = may_hold_nan(d, hn::Add(first, second));
     hn::StoreU(narrow_bf16_blocks(d, first, second, nan), du16_t(), out + i);
   }
 #endif
