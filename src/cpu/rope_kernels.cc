@@ -1074,13 +1074,17 @@ inline int output_order_vectors(const rope_plan&, std::int64_t, bool) { return 0
 // 32 + 8 heads of 128, T = 16, in place, min ns per element) f32 takes 0.100 against 0.150 and
 // f16 0.115 against 0.207; bf16 without a native conversion measured 0.23 against 0.150 (a
 // widening load and a shift per vector in, the pack's rounding out, where the split takes one
-// shift or mask each way) and keeps the split.
+// shift or mask each way) and keeps the split. With SSE4, f32 measured even (0.179 against
+// 0.185) and takes it, for its streamed stores; f16, converted in software there either way,
+// measured 1.29 against 1.15 and keeps the split.
 #if HWY_TARGET != HWY_SCALAR
 template <class IO>
 inline bool takes_adjacent_rows(const rope_plan& p, std::int64_t lanes) {
-  return lanes < 16 && !std::is_same_v<typename IO::plain, bf16_io> && !p.qk_norm &&
-         p.in_pairs == pairs::adjacent && p.out_pairs == pairs::adjacent &&
-         p.rotary_dim % lanes == 0;
+  using plain = typename IO::plain;
+  constexpr bool f16c = HWY_TARGET <= HWY_AVX2;
+  if (std::is_same_v<plain, bf16_io> || (std::is_same_v<plain, f16_io> && !f16c)) return false;
+  return lanes < 16 && !p.qk_norm && p.in_pairs == pairs::adjacent &&
+         p.out_pairs == pairs::adjacent && p.rotary_dim % lanes == 0;
 }
 
 // C and S of a token: C_2i = ca_i, C_2i+1 = cb_i, S_2i = -sa_i, S_2i+1 = sb_i.
