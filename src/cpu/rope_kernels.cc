@@ -1247,6 +1247,7 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
       output_order_vectors(p, static_cast<std::int64_t>(hn::Lanes(d)), streams);
   [[maybe_unused]] const bool adjacent_rows =
       ordered == 0 && takes_adjacent_rows<IO>(p, static_cast<std::int64_t>(hn::Lanes(d)));
+  [[maybe_unused]] float* C = adjacent_rows ? angle_rows_scratch(p) : nullptr;  // then S
   [[maybe_unused]] std::int64_t expanded = -1;  // the token whose C and S rows are expanded
   for_each_block<T>(p, first, last, scratch,
                     [&]([[maybe_unused]] std::int64_t b, [[maybe_unused]] std::int64_t s,
@@ -1264,7 +1265,6 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
                             break;
                         }
                         if (adjacent_rows) {
-                          float* C = angle_rows_scratch(p);
                           float* S = C + p.rotary_dim;
                           if (b * p.seq + s != expanded) {  // q's block, or the token's first
                             expand_adjacent_angles(d, a, half, C, S);
