@@ -709,11 +709,12 @@ TEST(Kernels, QkNormHfRoundingIsSeparateRoundingOnEveryTarget) {
 
 // The vector conversions of this target against the scalar ones (themselves checked against
 // independent references for every input in test_dtype.cc): every fp32 bit pattern. bf16 is
-// checked both as one vector is stored and as two are narrowed together (bf16 rows of halves
-// without AVX-512).
+// checked as one vector is stored, as two are narrowed together (bf16 rows of halves without
+// AVX-512) and as two are joined as pairs (rows of adjacent pairs).
 TEST(KernelConversions, EveryF32BitPatternRoundsLikeScalar) {
   constexpr std::int64_t chunk = 1 << 20;
-  for (int way = 0; way < 3; ++way) {
+  const char* ways[] = {"", "", " (two vectors together)", " (two vectors as pairs)"};
+  for (int way = 0; way < 4; ++way) {
     const dtype to = way == 0 ? dtype::f16 : dtype::bf16;
     std::int64_t mismatches = 0;
 #pragma omp parallel for reduction(+ : mismatches) schedule(static)
@@ -726,8 +727,10 @@ TEST(KernelConversions, EveryF32BitPatternRoundsLikeScalar) {
       }
       if (way < 2) {
         detail::convert_f32_to_16(to, in.data(), out.data(), chunk);
-      } else {
+      } else if (way == 2) {
         detail::convert_f32_to_bf16_blocks(in.data(), out.data(), chunk);
+      } else {
+        detail::convert_f32_to_bf16_pairs(in.data(), out.data(), chunk);
       }
       for (std::int64_t i = 0; i < chunk; ++i) {
         const std::uint16_t want =
@@ -735,7 +738,7 @@ TEST(KernelConversions, EveryF32BitPatternRoundsLikeScalar) {
         mismatches += out[i] != want;
       }
     }
-    EXPECT_EQ(mismatches, 0) << to_string(to) << (way == 2 ? " (two vectors together)" : "");
+    EXPECT_EQ(mismatches, 0) << to_string(to) << ways[way];
   }
 }
 

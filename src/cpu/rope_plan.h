@@ -92,6 +92,8 @@ void convert_f32_to_16(dtype to, const float* in, std::uint16_t* out, std::int64
 // fp32 -> bf16 as rows of bf16 halves store it where the target takes them a vector of bf16 at
 // a time (two fp32 vectors narrowed together, one NaN test for both), else convert_f32_to_16.
 void convert_f32_to_bf16_blocks(const float* in, std::uint16_t* out, std::int64_t n);
+// fp32 -> bf16 as rows of adjacent pairs store it: even and odd values joined in u32 lanes.
+void convert_f32_to_bf16_pairs(const float* in, std::uint16_t* out, std::int64_t n);
 void convert_16_to_f32(dtype from, const std::uint16_t* in, float* out, std::int64_t n);
 
 }  // namespace tilerope::detail
