@@ -808,6 +808,59 @@ HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typena
   }
 }
 
+// A row of NV whole vectors of pairs rotated in place with its layout changed, half of it held
+// in registers where the whole row would not fit (NV = 8 with fewer than 16 lanes). Pairs in,
+// halves out: vector v reads y[2vn, 2(v+1)n) and stores y[vn, (v+1)n) and y[r/2 + vn, ...);
+// the first stores reach only vectors already read, the second only the row's later half, read
+// before any store. Halves in, pairs out: vector v stores y[2vn, 2(v+1)n), reaching the first
+// half (read before any store) or second-half vectors up to v, already read. Without it the
+// row was copied first (readable_row).
+template <class IO, pairs PIn, pairs POut, int NV, class Angles>
+HWY_INLINE void rotate_row_in_place_half_held(df32 d, typename IO::storage* y, const Angles& f,
+                                              std::int64_t half) {
+  static_assert(PIn != POut && NV % 2 == 0);
+  constexpr int H = PIn == pairs::adjacent ? NV / 2 : NV;  // vectors held
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  vf32 ha[H], hb[PIn == pairs::adjacent ? H : 1];
+  for (int v = 0; v < H; ++v) {
+    if constexpr (PIn == pairs::adjacent) {
+      load_pair<IO, PIn>(d, y, (NV / 2 + v) * n, half, ha[v], hb[v]);  // the later half
+    } else {
+      ha[v] = IO::load(d, y + v * n);  // the first half
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    vf32 first, second;
+    if constexpr (PIn == pairs::adjacent) {
+      if (v < NV / 2) {
+        load_pair<IO, PIn>(d, y, v * n, half, first, second);
+      } else {
+        first = ha[v - NV / 2];
+        second = hb[v - NV / 2];
+      }
+    } else {
+      first = ha[v];
+      second = IO::load(d, y + half + v * n);
+    }
+    first = in_register(first);
+    second = in_register(second);
+    const vf32 ca = f.ca(v), sa = f.sa(v);
+    const vf32 cb = Angles::full ? f.cb(v) : ca, sb = Angles::full ? f.sb(v) : sa;
+    const vf32 ya = hn::MulSub(first, ca, hn::Mul(second, sa));
+    const vf32 yb = hn::MulAdd(second, cb, hn::Mul(first, sb));
+    store_pair<IO, POut>(d, ya, yb, y, v * n, half);
+  }
+}
+
+// bf16 pairs in (the interleaved layout's forward) keeps the copy: its held vectors were
+// spilled around the rounding's NaN branch (objdump: the eight held vectors stored to the
+// stack), and bench --only interleave read it slower in memory (0.45 / 0.51 against 0.52 /
+// 0.61 of the ceiling, one / two threads, three alternations).
+template <class IO, pairs PIn>
+constexpr bool takes_half_held() {
+  return !(std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::adjacent);
+}
+
 // How many whole vectors of pairs a row has, when rotate_row_vectors takes it (else 0).
 inline int held_vectors(std::int64_t half, std::int64_t lanes) {
   if (half % lanes != 0) return 0;
@@ -1217,6 +1270,11 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
         if (held == 1) rotate_row_vectors<IO, PIn, POut, 1>(d, y, y, f, half, no_pre{});
         if (held == 2) rotate_row_vectors<IO, PIn, POut, 2>(d, y, y, f, half, no_pre{});
         if (held == 4) rotate_row_vectors<IO, PIn, POut, 4>(d, y, y, f, half, no_pre{});
+        continue;
+      }
+      if (x == y && half == 8 * lanes && takes_half_held<IO, PIn>()) {
+        rotate_row_in_place_half_held<IO, PIn, POut, 8>(d, y, memory_angles<Full>{d, a, lanes},
+                                                        half);
         continue;
       }
     }
