@@ -165,6 +165,24 @@ struct f32_io {
     hn::StoreU(lo, d, p);
     hn::StoreU(hi, d, p + hn::Lanes(d));
   }
+#elif HWY_TARGET == HWY_AVX2
+  // (even, odd) -> e0 o0 e1 o1 ... as two whole vectors: the pairs of each 128-bit block
+  // interleaved (vunpcklps, vunpckhps), then the blocks put in order (two vperm2f128), the
+  // shuffles StoreInterleaved2 takes, ending in whole vectors that can also be streamed.
+  static constexpr bool pairs_vectors = true;
+  static void interleave_pairs(vf32 even, vf32 odd, vf32& lo, vf32& hi) {
+    const df32 d;
+    const vf32 first = hn::InterleaveLower(d, even, odd);   // e0 o0 e1 o1 | e4 o4 e5 o5
+    const vf32 second = hn::InterleaveUpper(d, even, odd);  // e2 o2 e3 o3 | e6 o6 e7 o7
+    lo = hn::ConcatLowerLower(d, second, first);
+    hi = hn::ConcatUpperUpper(d, second, first);
+  }
+  static void store_pairs(df32 d, vf32 even, vf32 odd, float* p) {
+    vf32 lo, hi;
+    interleave_pairs(even, odd, lo, hi);
+    hn::StoreU(lo, d, p);
+    hn::StoreU(hi, d, p + hn::Lanes(d));
+  }
 #else
   static constexpr bool pairs_vectors = false;
   static void store_pairs(df32 d, vf32 even, vf32 odd, float* p) {
