@@ -870,10 +870,10 @@ HWY_INLINE void rotate_row_in_place_half_held(df32 d, typename IO::storage* y, c
   }
 }
 
-// bf16 pairs in (the interleaved layout's forward) keeps the copy: its held vectors were
-// spilled around the rounding's NaN branch (objdump: the eight held vectors stored to the
-// stack), and bench --only interleave read it slower in memory (0.45 / 0.51 against 0.52 /
-// 0.61 of the ceiling, one / two threads, three alternations).
+// bf16 pairs in (the interleaved layout's forward) does not take it: its eight held vectors
+// were kept on the stack (objdump), and bench --only interleave read it slower in memory (0.45
+// / 0.51 against 0.52 / 0.61 of the ceiling, one / two threads, three alternations); with
+// AVX2 and SSE4 it takes rotate_row_bf16_pairs_in_place.
 template <class IO, pairs PIn>
 constexpr bool takes_half_held() {
   return !(std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::adjacent);
@@ -947,8 +947,8 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
 // rope-neox bf16 in cache 0.162 to 0.147 ns per element in place, 0.165 to 0.151 out of place.
 // Rows of adjacent bf16 pairs stored as halves (the interleaved layout's forward) take it too:
 // two u32 vectors of pairs put in block order, each pair widened by a shift and a mask; in
-// cache 0.200 to 0.174 ns per element out of place, 0.213 to 0.197 in place (after the row's
-// copy).
+// cache 0.200 to 0.174 ns per element out of place, 0.213 to 0.197 in place after a copy of
+// the row, 0.183 without it (rotate_row_bf16_pairs_in_place).
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
 #define TILEROPE_BF16_BLOCKS 1
 using du16_t = hn::Repartition<std::uint16_t, df32>;  // 2n lanes
@@ -1000,11 +1000,9 @@ HWY_INLINE void to_block_order(df32 d, vf32 v0, vf32 v1, vf32& first, vf32& seco
 // 2n adjacent bf16 pairs (x[0, 4n)) -> their first and second elements as fp32, in block order:
 // the two u32 vectors of pairs put in block order (for AVX2 two vperm2i128), then each pair's
 // halves widened by a shift and a mask.
-HWY_INLINE void widen_bf16_pairs_blocks(df32 d, const std::uint16_t* x, vf32& a0, vf32& b0,
-                                        vf32& a1, vf32& b1) {
+HWY_INLINE void widen_bf16_pairs_blocks(df32 d, hn::Vec<du32_t> p0, hn::Vec<du32_t> p1, vf32& a0,
+                                        vf32& b0, vf32& a1, vf32& b1) {
   const du32_t du;
-  const auto p0 = load_u16_pairs(x);
-  const auto p1 = load_u16_pairs(x + 2 * hn::Lanes(d));
   auto q0 = p0, q1 = p1;
   if constexpr (hn::MaxLanes(d) == 8) {  // two blocks each
     q0 = hn::ConcatLowerLower(du, p1, p0);
@@ -1073,7 +1071,8 @@ HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint
       widen_bf16_blocks(d, hn::LoadU(d16, x + i), a0, a1);
       widen_bf16_blocks(d, hn::LoadU(d16, x + half + i), b0, b1);
     } else {
-      widen_bf16_pairs_blocks(d, x + 2 * i, a0, b0, a1, b1);
+      widen_bf16_pairs_blocks(d, load_u16_pairs(x + 2 * i), load_u16_pairs(x + 2 * i + 2 * n), a0,
+                              b0, a1, b1);
     }
     vf32 ya0, yb0, ya1, yb1;
     rotate_vectors<IO, false, Full>(d, pre(a0, false, i), pre(b0, true, i), i, a, ya0, yb0);
@@ -1099,6 +1098,36 @@ HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint
     vf32 ya, yb;
     load_rotate<IO, IO, PIn, false, Full>(d, x, i, half, a, pre, ya, yb);
     store_pair<IO, pairs::halves>(d, ya, yb, y, i, half);
+  }
+}
+
+// bf16 pairs in, halves out, in place, r/2 = 2n S (S = 2 or 4 steps of 2n pairs): step s
+// reads y[4ns, 4n(s+1)) and stores y[2ns, 2n(s+1)), read by step s/2 <= s, and y[r/2 + 2ns,
+// ...), read by step S/2 + s/2; so the later half's S/2 steps are read first (S u32 vectors of
+// raw pairs, held), and no copy of the row is needed.
+template <class IO, bool Full, int S>
+HWY_INLINE void rotate_row_bf16_pairs_in_place(df32 d, std::uint16_t* y, const token_angles& a,
+                                               std::int64_t half) {
+  const du16_t d16;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  hn::Vec<du32_t> held[S];
+  for (int k = 0; k < S; ++k) held[k] = load_u16_pairs(y + 2 * n * (S + k));
+  HWY_UNROLL(4)  // not unrolled, GCC kept `held` on the stack (objdump)
+  for (int s = 0; s < S; ++s) {
+    const std::int64_t i = 2 * n * s;
+    vf32 a0, a1, b0, b1;
+    if (s < S / 2) {
+      widen_bf16_pairs_blocks(d, load_u16_pairs(y + 2 * i), load_u16_pairs(y + 2 * i + 2 * n), a0,
+                              b0, a1, b1);
+    } else {
+      widen_bf16_pairs_blocks(d, held[2 * s - S], held[2 * s - S + 1], a0, b0, a1, b1);
+    }
+    vf32 ya0, yb0, ya1, yb1;
+    rotate_vectors<IO, false, Full>(d, a0, b0, i, a, ya0, yb0);
+    rotate_vectors<IO, false, Full>(d, a1, b1, i + n, a, ya1, yb1);
+    const bool nan = may_hold_nan(d, hn::Add(hn::Add(ya0, ya1), hn::Add(yb0, yb1)));
+    hn::StoreU(narrow_bf16_blocks(d, ya0, ya1, nan), d16, y + i);
+    hn::StoreU(narrow_bf16_blocks(d, yb0, yb1, nan), d16, y + half + i);
   }
 }
 
@@ -1304,6 +1333,13 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
         const T* x = in + h * blk.in_h;
         T* y = out + h * blk.out_h;
         if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
+        if constexpr (PIn == pairs::adjacent && std::is_same_v<IO, typename IO::plain>) {
+          if (x == y && (half == 4 * lanes || half == 8 * lanes)) {
+            if (half == 4 * lanes) rotate_row_bf16_pairs_in_place<IO, Full, 2>(d, y, b, half);
+            if (half == 8 * lanes) rotate_row_bf16_pairs_in_place<IO, Full, 4>(d, y, b, half);
+            continue;
+          }
+        }
         x = readable_row<PIn, POut>(x, y, row_copy, rotary);  // pairs in place: a copy
         rotate_row_bf16_blocks<IO, Full, PIn>(d, x, y, b, half);
       }
