@@ -847,6 +847,7 @@ HWY_INLINE void rotate_row_in_place_half_held(df32 d, typename IO::storage* y, c
       ha[v] = IO::load(d, y + v * n);  // the first half
     }
   }
+  HWY_UNROLL(8)  // not unrolled, GCC kept the held vectors on the stack (objdump)
   for (int v = 0; v < NV; ++v) {
     vf32 first, second;
     if constexpr (PIn == pairs::adjacent) {
