@@ -619,6 +619,45 @@ TEST(Kernels, QkNormKeepsSubnormalSquares) {
   }
 }
 
+// QK RMSNorm + RoPE of one row copied into every head of a block: every head's output has
+// the same bits, whichever group of heads it falls in and however its sums are taken (before
+// the rotations, or inside the loop of a row two groups earlier), in place and out of place.
+TEST(Kernels, QkNormSameRowInEveryHeadGivesSameBits) {
+  const std::int64_t T = 2, H = 14, D = 128;
+  std::mt19937 rng(57);
+  std::normal_distribution<double> normal;
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+    for (bool in_place : {true, false}) {
+      tensor x(type, {T, H, D}), y(type, {T, H, D}), w(dtype::f32, {D});
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t j = 0; j < D; ++j) {
+          const double v = normal(rng);
+          for (std::int64_t h = 0; h < H; ++h)
+            store_from_f64(x.data(), type, (t * H + h) * D + j, v);
+        }
+      }
+      for (std::int64_t j = 0; j < D; ++j)
+        store_from_f64(w.data(), dtype::f32, j, 1 + normal(rng) / 4);
+      qk_norm norm;
+      norm.q_weight = w.view();
+      rope_tensors r;
+      r.q = x.view();
+      if (!in_place) r.q_out = y.view();
+      qk_norm_rope_apply(rope_style::neox, r, rope_positions::from_offset(5),
+                         rope_angles::from_theta(1e6), norm);
+      const auto* out = static_cast<const unsigned char*>((in_place ? x : y).data());
+      const std::size_t row = static_cast<std::size_t>(D) * size_of(type);
+      int differing = 0;
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t h = 1; h < H; ++h) {
+          differing += std::memcmp(out + (t * H + h) * row, out + t * H * row, row) != 0;
+        }
+      }
+      EXPECT_EQ(differing, 0) << to_string(type) << (in_place ? " in place" : " out of place");
+    }
+  }
+}
+
 // QK RMSNorm + RoPE: 1 and 2 threads give identical outputs; the weight gradients agree to
 // fp64 summation order.
 TEST(Kernels, QkNormThreadsAgree) {

@@ -28,6 +28,7 @@
 
 #undef TILEROPE_NATIVE_BF16  // each target's pass decides anew
 #undef TILEROPE_BF16_BLOCKS
+#undef TILEROPE_NORM_SUMS_AHEAD
 HWY_BEFORE_NAMESPACE();
 namespace tilerope::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -1052,12 +1053,19 @@ HWY_INLINE token_angles block_ordered(df32 d, const token_angles& a, std::int64_
   return token_angles{rows, rows + half, rows + 2 * half, rows + 3 * half, true};
 }
 
+// Called with each step's first pair index: nothing, or QK RMSNorm's sums of another row.
+struct no_step_hook {
+  HWY_INLINE void operator()(std::int64_t) const {}
+};
+
 // One row to bf16 halves, from halves or adjacent pairs (PIn), through angles in block order, 2n
 // pairs a step, each loaded vector transformed by `pre` (no_pre, or QK RMSNorm's x r:
-// scaled_by).
-template <class IO, bool Full, pairs PIn = pairs::halves, class Pre = no_pre>
+// scaled_by), `hook(i)` called once per step of 2n pairs (not for a last n).
+template <class IO, bool Full, pairs PIn = pairs::halves, class Pre = no_pre,
+          class Hook = no_step_hook>
 HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint16_t* y,
-                                       const token_angles& a, std::int64_t half, Pre pre = {}) {
+                                       const token_angles& a, std::int64_t half, Pre pre = {},
+                                       Hook hook = {}) {
   const du16_t d16;
   const hn::Half<du16_t> dh;  // n lanes
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
@@ -1075,6 +1083,7 @@ HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint
       widen_bf16_pairs_blocks(d, load_u16_pairs(x + 2 * i), load_u16_pairs(x + 2 * i + 2 * n), a0,
                               b0, a1, b1);
     }
+    hook(i);
     vf32 ya0, yb0, ya1, yb1;
     rotate_vectors<IO, false, Full>(d, pre(a0, false, i), pre(b0, true, i), i, a, ya0, yb0);
     rotate_vectors<IO, false, Full>(d, pre(a1, false, i + n), pre(b1, true, i + n), i + n, a, ya1,
@@ -1707,6 +1716,145 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
   }
 }
 
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
+#define TILEROPE_NORM_SUMS_AHEAD 1
+// QK RMSNorm's sums taken inside the rotation's loop (AVX2, SSE4): the rotation of row h also
+// sums the squares of row h + 2 * norm_group (its `ahead` row), a step at a time, so that the
+// sums need no loop of their own and their latency has two groups of rows to hide in. The
+// first two groups' sums are taken first, in the same order, so that a row's r does not depend
+// on its place in the block. Against norm_rotate_block's own loop of sums, one group ahead
+// (AVX2, one thread, 32 + 8 heads of 128, in place, minimum ns per element over three
+// alternations): in cache (T = 16) f32 0.216 to 0.183, bf16 0.284 to 0.252, f16 0.221 to
+// 0.195; in memory (T = 8192) bf16 0.320 to 0.290. Taken one group ahead, bf16 in cache was
+// 0.264; two rows rotated together (their angle and weight loads shared), or the four rows of
+// a group summed in one loop, measured slower in memory (f32 0.43 against 0.36, and 0.48
+// against 0.39): this machine streams one row at a time best.
+constexpr std::int64_t norm_groups_ahead = 2;
+
+// `rows.rotate(x, y, r, ahead, s)` rotates one row with its r and, where `ahead` is not null,
+// adds the squares of that row into s[0] and s[1]; `rows.squares(x, s)` adds a row's squares
+// in the same order.
+template <class T, class Rows>
+HWY_INLINE void norm_rotate_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
+                                        const T* in, T* out, const Rows& rows) {
+  constexpr std::int64_t group = norm_group, ahead = norm_groups_ahead;
+  static_assert(group == 4);  // lane_sums4
+  const std::int64_t heads = blk.heads;
+  const hn::Full128<float> d4;
+  HWY_ALIGN float inv_rms[(ahead + 1) * group];  // a ring of groups' r
+  vf32 sums[group];
+  auto inverse_rms = [&](std::int64_t g) {  // group g's r from sums
+    const auto mean = hn::Mul(lane_sums4(d, sums[0], sums[1], sums[2], sums[3]),
+                              hn::Set(d4, 1.0f / static_cast<float>(p.head_dim)));
+    hn::Store(hn::Div(hn::Set(d4, 1.0f), hn::Sqrt(hn::Add(mean, hn::Set(d4, p.eps)))), d4,
+              inv_rms + g % (ahead + 1) * group);
+  };
+  for (std::int64_t g = 0; g < ahead && g * group < heads; ++g) {
+    for (std::int64_t k = 0; k < group; ++k) {
+      vf32 s[2] = {hn::Zero(d), hn::Zero(d)};
+      if (g * group + k < heads) rows.squares(in + (g * group + k) * blk.in_h, s);
+      sums[k] = hn::Add(s[0], s[1]);
+    }
+    inverse_rms(g);
+  }
+  for (std::int64_t hd = 0; hd < heads; ++hd) {
+    const std::int64_t g = hd / group, k = hd % group;
+    const std::int64_t later = hd + ahead * group;
+    vf32 s[2] = {hn::Zero(d), hn::Zero(d)};
+    rows.rotate(in + hd * blk.in_h, out + hd * blk.out_h, inv_rms[g % (ahead + 1) * group + k],
+                later < heads ? in + later * blk.in_h : nullptr, s);
+    sums[k] = hn::Add(s[0], s[1]);
+    if (k == group - 1 && (g + ahead) * group < heads) inverse_rms(g + ahead);
+  }
+}
+
+// x r w of each loaded vector of halves (as norm_rotate_row), and where `ahead` is set the
+// squares of the same positions of that row added into s[0] (first halves) and s[1].
+template <class IO>
+struct normalised_summing_ahead {
+  df32 d;
+  vf32 r;
+  const float* wa;
+  const float* wb;
+  const typename IO::storage* ahead;
+  std::int64_t half;
+  vf32* s;
+  HWY_INLINE vf32 operator()(vf32 v, bool second, std::int64_t i) const {
+    if (ahead != nullptr) {
+      const vf32 a = IO::load(d, ahead + (second ? half + i : i));
+      s[second] = hn::MulAdd(a, a, s[second]);
+    }
+    return normalised<IO, false>(d, v, r, second ? wb : wa, i);
+  }
+};
+
+// Rows of halves that norm_rotate_row takes (f32, and f16 rows longer than four vectors of
+// pairs), r/2 a multiple of the lanes: its loop with the sums ahead.
+template <class IO, bool Full>
+struct rows_ahead {
+  using T = typename IO::storage;
+  df32 d;
+  const token_angles& a;
+  const float* wa;
+  const float* wb;
+  std::int64_t half;
+  HWY_INLINE void squares(const T* x, vf32* s) const {
+    const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+    for (std::int64_t i = 0; i < half; i += n) {
+      const vf32 xa = IO::load(d, x + i), xb = IO::load(d, x + half + i);
+      s[0] = hn::MulAdd(xa, xa, s[0]);
+      s[1] = hn::MulAdd(xb, xb, s[1]);
+    }
+  }
+  HWY_INLINE void rotate(const T* x, T* y, float r, const T* ahead, vf32* s) const {
+    vf32 t[2] = {s[0], s[1]};
+    rotate_whole_vectors<IO, IO, pairs::halves, pairs::halves, false, Full>(
+        d, x, y, a, half, normalised_summing_ahead<IO>{d, hn::Set(d, r), wa, wb, ahead, half, t});
+    s[0] = t[0];
+    s[1] = t[1];
+  }
+};
+
+// One step of a bf16 row of halves (pairs [i, i + 2n) of both halves), squared into s[0] and
+// s[1] in block order.
+HWY_INLINE void add_bf16_block_squares(df32 d, const std::uint16_t* x, std::int64_t i,
+                                       std::int64_t half, vf32& s0, vf32& s1) {
+  const du16_t d16;
+  vf32 a0, a1, b0, b1;
+  widen_bf16_blocks(d, hn::LoadU(d16, x + i), a0, a1);
+  widen_bf16_blocks(d, hn::LoadU(d16, x + half + i), b0, b1);
+  s0 = hn::MulAdd(b0, b0, hn::MulAdd(a0, a0, s0));
+  s1 = hn::MulAdd(b1, b1, hn::MulAdd(a1, a1, s1));
+}
+
+// bf16 rows of halves through the folded angles in block order (rotate_row_bf16_blocks), r/2 a
+// multiple of 2n: the sums ahead taken once per step.
+template <class IO>
+struct bf16_rows_ahead {
+  df32 d;
+  const token_angles& folded;
+  std::int64_t half;
+  HWY_INLINE void squares(const std::uint16_t* x, vf32* s) const {
+    const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+    for (std::int64_t i = 0; i < half; i += 2 * n)
+      add_bf16_block_squares(d, x, i, half, s[0], s[1]);
+  }
+  HWY_INLINE void rotate(const std::uint16_t* x, std::uint16_t* y, float r,
+                         const std::uint16_t* ahead, vf32* s) const {
+    if (ahead == nullptr) {
+      rotate_row_bf16_blocks<IO, true>(d, x, y, folded, half, scaled_by{hn::Set(d, r)});
+      return;
+    }
+    vf32 s0 = s[0], s1 = s[1];
+    rotate_row_bf16_blocks<IO, true>(
+        d, x, y, folded, half, scaled_by{hn::Set(d, r)},
+        [&](std::int64_t i) { add_bf16_block_squares(d, ahead, i, half, s0, s1); });
+    s[0] = s0;
+    s[1] = s1;
+  }
+};
+#endif
+
 // QK RMSNorm + RoPE of one block (q or k) of one token, in groups of four heads: first
 // r = 1 / sqrt(mean(x^2) + eps) of each head of the group (independent sums, so their latency
 // overlaps; one row at a time waited on each sum, then on the square root), then normalise
@@ -1719,7 +1867,8 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
 // shorter than a vector of pairs go through h = x r w in fp32 scratch `h`. With fp32_once,
 // rows of 1, 2 or 4 whole vectors of pairs and 32 vector registers take norm_rotate_block_held
 // when x is f32 (in cache 0.18 to 0.135 ns per element), norm_rotate_row_vectors when x is
-// 16-bit (any lane count).
+// 16-bit (any lane count). With AVX2 and SSE4, fp32_once rows of halves (every dim rotated) take
+// their sums two groups ahead inside the rotation's loop instead (norm_rotate_block_ahead).
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
@@ -1757,6 +1906,25 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
       float* rows = angle_rows_scratch(p);
       folded =
           block_ordered(d, fold_weights(d, a, blk.weight_a, blk.weight_b, half, rows), half, rows);
+#ifdef TILEROPE_NORM_SUMS_AHEAD
+      if constexpr (sizeof(T) == 2) {
+        if (half % (2 * lanes) == 0) {
+          return norm_rotate_block_ahead(d, p, blk, in, out, bf16_rows_ahead<IO>{d, folded, half});
+        }
+      }
+#endif
+    }
+  }
+#endif
+#ifdef TILEROPE_NORM_SUMS_AHEAD
+  if constexpr (!HfRound && PIn == pairs::halves && POut == pairs::halves) {
+    if (!blocks16 && held16 == 0 && rotary == D && half % lanes == 0) {
+      if (a.full) {
+        return norm_rotate_block_ahead(
+            d, p, blk, in, out, rows_ahead<IO, true>{d, a, blk.weight_a, blk.weight_b, half});
+      }
+      return norm_rotate_block_ahead(d, p, blk, in, out,
+                                     rows_ahead<IO, false>{d, a, blk.weight_a, blk.weight_b, half});
     }
   }
 #endif
