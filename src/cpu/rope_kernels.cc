@@ -1724,8 +1724,8 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
 // first two groups' sums are taken first, in the same order, so that a row's r does not depend
 // on its place in the block. Against norm_rotate_block's own loop of sums, one group ahead
 // (AVX2, one thread, 32 + 8 heads of 128, in place, minimum ns per element over three
-// alternations): in cache (T = 16) f32 0.216 to 0.183, bf16 0.284 to 0.252, f16 0.221 to
-// 0.195; in memory (T = 8192) bf16 0.320 to 0.290. Taken one group ahead, bf16 in cache was
+// alternations): in cache (T = 16) f32 0.216 to 0.183, bf16 0.281 to 0.252, f16 0.221 to
+// 0.194; in memory (T = 8192) bf16 0.325 to 0.292-0.315. Taken one group ahead, bf16 in cache was
 // 0.264; two rows rotated together (their angle and weight loads shared), or the four rows of
 // a group summed in one loop, measured slower in memory (f32 0.43 against 0.36, and 0.48
 // against 0.39): this machine streams one row at a time best.
