@@ -1645,6 +1645,14 @@ HWY_INLINE hn::Vec<hn::Full128<float>> lane_sums4(df32 d, vf32 a, vf32 b, vf32 c
   return add_blocks(d, hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
                                hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64))));
 }
+
+// r = 1 / sqrt(mean(x^2) + eps) of four heads from their vectors of squares, into r[0, 4).
+HWY_INLINE void store_inverse_rms4(df32 d, const rope_plan& p, const vf32* acc, float* r) {
+  const hn::Full128<float> d4;
+  const auto mean = hn::Mul(lane_sums4(d, acc[0], acc[1], acc[2], acc[3]),
+                            hn::Set(d4, 1.0f / static_cast<float>(p.head_dim)));
+  hn::StoreU(hn::Div(hn::Set(d4, 1.0f), hn::Sqrt(hn::Add(mean, hn::Set(d4, p.eps)))), d4, r);
+}
 #endif
 
 // group_inverse_rms for rows of whole vectors (x86, head_dim a multiple of the lanes): the
@@ -1668,10 +1676,7 @@ HWY_INLINE void group_inverse_rms_vector(df32 d, const rope_plan& p, const head_
                          : hn::Zero(d);
     }
     static_assert(norm_group == 4);
-    const hn::Full128<float> d4;
-    const auto mean = hn::Mul(lane_sums4(d, acc[0], acc[1], acc[2], acc[3]),
-                              hn::Set(d4, 1.0f / static_cast<float>(p.head_dim)));
-    hn::StoreU(hn::Div(hn::Set(d4, 1.0f), hn::Sqrt(hn::Add(mean, hn::Set(d4, p.eps)))), d4, r);
+    store_inverse_rms4(d, p, acc, r);
     return;
   }
 #endif
@@ -1738,16 +1743,12 @@ template <class T, class Rows>
 HWY_INLINE void norm_rotate_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
                                         const T* in, T* out, const Rows& rows) {
   constexpr std::int64_t group = norm_group, ahead = norm_groups_ahead;
-  static_assert(group == 4);  // lane_sums4
+  static_assert(group == 4);  // store_inverse_rms4
   const std::int64_t heads = blk.heads;
-  const hn::Full128<float> d4;
   HWY_ALIGN float inv_rms[(ahead + 1) * group];  // a ring of groups' r
   vf32 sums[group];
   auto inverse_rms = [&](std::int64_t g) {  // group g's r from sums
-    const auto mean = hn::Mul(lane_sums4(d, sums[0], sums[1], sums[2], sums[3]),
-                              hn::Set(d4, 1.0f / static_cast<float>(p.head_dim)));
-    hn::Store(hn::Div(hn::Set(d4, 1.0f), hn::Sqrt(hn::Add(mean, hn::Set(d4, p.eps)))), d4,
-              inv_rms + g % (ahead + 1) * group);
+    store_inverse_rms4(d, p, sums, inv_rms + g % (ahead + 1) * group);
   };
   for (std::int64_t g = 0; g < ahead && g * group < heads; ++g) {
     for (std::int64_t k = 0; k < group; ++k) {
