@@ -2072,14 +2072,139 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
   add_into_f64(tdw, blk.weight_grad + chunk * D, D);
 }
 
+// r = 1 / sqrt(sum(sq) / D + eps) and coef = r^3 sum(dot) / D of four heads from their vectors
+// of sums, into r[0, 4) and coef[0, 4): one vector square root and division on x86.
+HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq, const vf32* dot,
+                                      float* r, float* coef) {
+  const float inv_d = 1.0f / static_cast<float>(p.head_dim);
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
+  static_assert(norm_group == 4);
+  const hn::Full128<float> d4;
+  store_inverse_rms4(d, p, sq, r);
+  const auto rv = hn::Load(d4, r);
+  const auto dots = lane_sums4(d, dot[0], dot[1], dot[2], dot[3]);
+  hn::Store(hn::Mul(hn::Mul(hn::Mul(rv, rv), rv), hn::Mul(dots, hn::Set(d4, inv_d))), d4, coef);
+#else
+  for (std::int64_t k = 0; k < norm_group; ++k) {
+    r[k] = 1.0f / std::sqrt(hn::GetLane(hn::SumOfLanes(d, sq[k])) * inv_d + p.eps);
+    coef[k] = r[k] * r[k] * r[k] * inv_d * hn::GetLane(hn::SumOfLanes(d, dot[k]));
+  }
+#endif
+}
+
+// Backward of QK RMSNorm + RoPE for one block of one token whose rows are whole vectors of
+// pairs, every dim rotated, where a row does not fit in the registers (16 vector registers, or
+// r/2 over 4 vectors). In groups of four heads, a row takes two passes:
+//     sums:  dh = rope_backward(g) (staged in fp32, in pair order), x.x, (w dh).x
+//     apply: dx = r w dh - coef x (x read again, from cache),  dw += r dh x (in pair order)
+// and the sums of the next group's row go in the same loop as each row's apply, so that the
+// loads from memory overlap the arithmetic of the row before (the first group's sums go alone).
+// The two accumulators each, and one vector square root and division per group, replace the
+// staged path's single accumulators, whose latency bound its loop. With AVX2, one thread,
+// 32 + 8 heads of 128, in place, ns per element: in L2 (T = 8) f32 0.52 to 0.35, f16 0.50 to
+// 0.34; in memory (T = 8192) f32 0.69 to 0.60, bf16 0.65 to 0.52, f16 0.50 to 0.38 (out of
+// place f32 0.84 to 0.77, bf16 0.67 to 0.56). The two passes without the overlap took 0.66 for
+// f32 in memory: the sums alone 0.49 (two streams read at 16 GB/s) and the apply alone 0.55.
+template <class IO, pairs PIn, pairs POut, bool Full>
+HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
+                                            const typename IO::storage* g_in,
+                                            typename IO::storage* dx_out,
+                                            const typename IO::storage* x_in, const token_angles& a,
+                                            float* rows, int chunk) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t half = p.rotary_dim / 2, D = p.head_dim, heads = blk.heads;
+  constexpr std::int64_t group = norm_group;
+  float* tdw = rows + 2 * group * D;  // [D]: dw of the pairs' first, then second elements
+  float* tdw_out = tdw + D;           // [D]: dw in the weight's element order
+  std::fill(tdw, tdw + D, 0.0f);
+  // pointers held in registers (the vector stores may alias the structs that hold them)
+  const float *wa = blk.weight_a, *wb = blk.weight_b;
+  const token_angles angles{a.ca, a.sa, a.cb, a.sb, Full};
+  // dh of head h in rows[(h mod 2 group) D, ...): this group's and the next one's
+  auto dh_of = [&](std::int64_t h) { return rows + h % (2 * group) * D; };
+  vf32 sq_of[group], dot_of[group];               // the sums' vectors of the group ahead
+  alignas(16) float r_of[group], coef_of[group];  // r and coef of the group applied
+  struct sums {                                   // one row's sums as they go
+    vf32 sqa, sqb, dota, dotb;
+  };
+  auto sum_step = [&](const typename IO::storage* g, const typename IO::storage* x, float* dh,
+                      std::int64_t i, sums& s) {
+    vf32 ga, gb, dha, dhb, xa, xb;
+    load_pair<IO, PIn>(d, g, i, half, ga, gb);
+    rotate_vectors<f32_io, false, Full>(d, ga, gb, i, angles, dha, dhb);
+    hn::StoreU(dha, d, dh + i);
+    hn::StoreU(dhb, d, dh + half + i);
+    load_pair<IO, POut>(d, x, i, half, xa, xb);
+    s.sqa = hn::MulAdd(xa, xa, s.sqa);
+    s.sqb = hn::MulAdd(xb, xb, s.sqb);
+    s.dota = hn::MulAdd(hn::Mul(hn::LoadU(d, wa + i), dha), xa, s.dota);
+    s.dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, wb + i), dhb), xb, s.dotb);
+  };
+  auto apply_step = [&](const typename IO::storage* x, typename IO::storage* dx, const float* dh,
+                        vf32 rv, vf32 cv, std::int64_t i) {
+    vf32 xa, xb;
+    load_pair<IO, POut>(d, x, i, half, xa, xb);
+    const vf32 dha = hn::LoadU(d, dh + i), dhb = hn::LoadU(d, dh + half + i);
+    const vf32 wdha = hn::Mul(hn::LoadU(d, wa + i), dha);
+    const vf32 wdhb = hn::Mul(hn::LoadU(d, wb + i), dhb);
+    store_pair<IO, POut>(d, hn::MulSub(rv, wdha, hn::Mul(cv, xa)),
+                         hn::MulSub(rv, wdhb, hn::Mul(cv, xb)), dx, i, half);
+    hn::StoreU(hn::MulAdd(hn::Mul(dha, xa), rv, hn::LoadU(d, tdw + i)), d, tdw + i);
+    hn::StoreU(hn::MulAdd(hn::Mul(dhb, xb), rv, hn::LoadU(d, tdw + half + i)), d, tdw + half + i);
+  };
+  auto row_in = [&](std::int64_t h) { return g_in + h * blk.in_h; };
+  auto row_x = [&](std::int64_t h) { return x_in + h * blk.x_h; };
+  // the first group's sums
+  for (std::int64_t k = 0; k < group; ++k) {
+    sums s{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    if (k < heads) {
+      for (std::int64_t i = 0; i < half; i += n) sum_step(row_in(k), row_x(k), dh_of(k), i, s);
+    }
+    sq_of[k] = hn::Add(s.sqa, s.sqb);
+    dot_of[k] = hn::Add(s.dota, s.dotb);
+  }
+  for (std::int64_t h0 = 0; h0 < heads; h0 += group) {
+    inverse_rms_and_coef4(d, p, sq_of, dot_of, r_of, coef_of);
+    for (std::int64_t k = 0; k < group; ++k) {
+      const std::int64_t h = h0 + k, ahead = h + group;
+      const vf32 rv = hn::Set(d, r_of[k]), cv = hn::Set(d, coef_of[k]);
+      sums s{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+      if (h < heads && ahead < heads) {
+        const auto *g = row_in(ahead), *xh = row_x(ahead), *x = row_x(h);
+        auto* dx = dx_out + h * blk.out_h;
+        float *dh_ahead = dh_of(ahead), *dh = dh_of(h);
+        for (std::int64_t i = 0; i < half; i += n) {
+          sum_step(g, xh, dh_ahead, i, s);
+          apply_step(x, dx, dh, rv, cv, i);
+        }
+      } else if (h < heads) {
+        const auto* x = row_x(h);
+        auto* dx = dx_out + h * blk.out_h;
+        const float* dh = dh_of(h);
+        for (std::int64_t i = 0; i < half; i += n) apply_step(x, dx, dh, rv, cv, i);
+      }
+      sq_of[k] = hn::Add(s.sqa, s.sqb);
+      dot_of[k] = hn::Add(s.dota, s.dotb);
+    }
+  }
+  // the block's heads of this token, summed, in the weight's element order
+  for (std::int64_t i = 0; i < half; i += n) {
+    store_pair<f32_io, POut>(d, hn::LoadU(d, tdw + i), hn::LoadU(d, tdw + half + i), tdw_out, i,
+                             half);
+  }
+  add_into_f64(tdw_out, blk.weight_grad + chunk * D, D);
+}
+
 // Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts), per token
 // and block in groups of four heads: first, for each head of the group, dh = rope_backward(g)
 // and the row's two sums (x.x and w dh.x), then through the normalisation. As in the forward,
 // the sums of a group overlap instead of each row waiting on its own. Weight-gradient terms
 // are summed in fp32 over the heads of one token, then added into the fp64 accumulator.
 // `rows` holds dh and x in fp32 for each head of a group, then the token's weight-gradient
-// terms. Rows the held path does not take (partial rotary, other head dims, 16 or fewer
-// vector registers) come here.
+// terms. Rows of whole vectors of pairs with every dim rotated take the held path (32 vector
+// registers, r/2 of 1, 2 or 4 vectors) or, with fewer registers, norm_backward_block_ahead;
+// the rest (partial rotary, r/2 not a multiple of the lanes, AVX-512 rows over 4 vectors) come
+// here.
 
 template <class IO, pairs PIn, pairs POut>
 HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block& blk,
@@ -2106,6 +2231,16 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
                                                            chunk);
     };
     return a.full ? take(std::true_type{}) : take(std::false_type{});
+  }
+  // rows of whole vectors of pairs where no row is held (AVX-512 keeps its staged path for
+  // rows of more than four vectors of pairs)
+  if (lanes < 16 && rotary == D && half % lanes == 0) {
+    if (a.full) {
+      return norm_backward_block_ahead<IO, PIn, POut, true>(d, p, blk, g_in, dx_out, x_in, a, rows,
+                                                            chunk);
+    }
+    return norm_backward_block_ahead<IO, PIn, POut, false>(d, p, blk, g_in, dx_out, x_in, a, rows,
+                                                           chunk);
   }
   float r_of[group], coef_of[group];
   const float inv_d = 1.0f / static_cast<float>(D);
@@ -2165,7 +2300,7 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   using T = typename IO::storage;
   const df32 d;
   thread_local std::vector<float> rows;
-  rows.assign(static_cast<std::size_t>((2 * norm_group + 1) * p.head_dim), 0.0f);
+  rows.assign(static_cast<std::size_t>((2 * norm_group + 2) * p.head_dim), 0.0f);
   for_each_block<T>(p, first, last, thread_scratch(p),
                     [&](std::int64_t b, std::int64_t s, const token_angles& a,
                         const head_block& blk, const T* g_in, T* dx_out) {
@@ -2219,7 +2354,11 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
   // QK RMSNorm streams when every dim rotates (pass dims are stored one element at a time)
   const bool norm_streams = p.qk_norm && p.rotary_dim == p.head_dim && can_stream<IO>(p);
   if (p.qk_norm && p.backward) {
-    if (norm_streams) {
+    // f16 stores normally: streamed, its backward (norm_backward_block_ahead) measured 2.5 to 3
+    // times slower with the scratch rows at some offsets (mod 4 KiB) from the output, and no
+    // faster at the others (bench --only qk-norm-rope-bwd, f16 out of place, one thread: 60-71
+    // or 22-35 ms streamed, 21-25 ms stored normally); f32 and bf16 streamed did not move
+    if (norm_streams && !std::is_same_v<typename IO::plain, f16_io>) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
       hwy::FlushStream();
     } else {
