@@ -29,6 +29,16 @@
 #undef TILEROPE_NATIVE_BF16  // each target's pass decides anew
 #undef TILEROPE_BF16_BLOCKS
 #undef TILEROPE_NORM_SUMS_AHEAD
+// A lambda a kernel's loop calls, inlined into it: GCC calls the larger ones out of line,
+// through their closures (measured: the bf16 QK RMSNorm backward 0.83 against 0.52 ns per
+// element in memory)
+#ifndef TILEROPE_INLINE_LAMBDA
+#if defined(__GNUC__)
+#define TILEROPE_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define TILEROPE_INLINE_LAMBDA
+#endif
+#endif
 HWY_BEFORE_NAMESPACE();
 namespace tilerope::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -2105,7 +2115,11 @@ HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq
 // 0.34; in memory (T = 8192) f32 0.69 to 0.60, bf16 0.65 to 0.52, f16 0.50 to 0.38 (out of
 // place f32 0.84 to 0.77, bf16 0.67 to 0.56). The two passes without the overlap took 0.66 for
 // f32 in memory: the sums alone 0.49 (two streams read at 16 GB/s) and the apply alone 0.55.
-template <class IO, pairs PIn, pairs POut, bool Full>
+// Blocks (bf16 halves with AVX2 and SSE4): 2n pairs a step, a vector of bf16 at a time in block
+// order (widen_bf16_blocks, narrow_bf16_blocks: one NaN test and the u16 rounding for two
+// vectors), the angles and weights put in block order once per block and the dw terms put
+// back at its end; bf16 in memory 0.53 to 0.47, in L2 0.49-0.62 to 0.43-0.48.
+template <class IO, pairs PIn, pairs POut, bool Full, bool Blocks = false>
 HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
                                             const typename IO::storage* g_in,
                                             typename IO::storage* dx_out,
@@ -2117,9 +2131,19 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
   float* tdw = rows + 2 * group * D;  // [D]: dw of the pairs' first, then second elements
   float* tdw_out = tdw + D;           // [D]: dw in the weight's element order
   std::fill(tdw, tdw + D, 0.0f);
-  // pointers held in registers (the vector stores may alias the structs that hold them)
+  // pointers held in registers (the vector stores may alias the structs that hold them); with
+  // Blocks the angles and weights in block order, after tdw_out
   const float *wa = blk.weight_a, *wb = blk.weight_b;
-  const token_angles angles{a.ca, a.sa, a.cb, a.sb, Full};
+  token_angles angles{a.ca, a.sa, a.cb, a.sb, Full};
+#if TILEROPE_BF16_BLOCKS
+  if constexpr (Blocks) {
+    float* ordered = tdw_out + D;  // [4 r/2] angles, [2 r/2] weights
+    angles = block_ordered(d, a, half, ordered);
+    const token_angles w = block_ordered(d, token_angles{wa, wb, wa, wb}, half, ordered + 2 * D);
+    wa = w.ca;
+    wb = w.sa;
+  }
+#endif
   // dh of head h in rows[(h mod 2 group) D, ...): this group's and the next one's
   auto dh_of = [&](std::int64_t h) { return rows + h % (2 * group) * D; };
   vf32 sq_of[group], dot_of[group];               // the sums' vectors of the group ahead
@@ -2127,38 +2151,90 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
   struct sums {                                   // one row's sums as they go
     vf32 sqa, sqb, dota, dotb;
   };
-  auto sum_step = [&](const typename IO::storage* g, const typename IO::storage* x, float* dh,
-                      std::int64_t i, sums& s) {
-    vf32 ga, gb, dha, dhb, xa, xb;
-    load_pair<IO, PIn>(d, g, i, half, ga, gb);
-    rotate_vectors<f32_io, false, Full>(d, ga, gb, i, angles, dha, dhb);
-    hn::StoreU(dha, d, dh + i);
-    hn::StoreU(dhb, d, dh + half + i);
-    load_pair<IO, POut>(d, x, i, half, xa, xb);
-    s.sqa = hn::MulAdd(xa, xa, s.sqa);
-    s.sqb = hn::MulAdd(xb, xb, s.sqb);
-    s.dota = hn::MulAdd(hn::Mul(hn::LoadU(d, wa + i), dha), xa, s.dota);
-    s.dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, wb + i), dhb), xb, s.dotb);
-  };
-  auto apply_step = [&](const typename IO::storage* x, typename IO::storage* dx, const float* dh,
-                        vf32 rv, vf32 cv, std::int64_t i) {
-    vf32 xa, xb;
-    load_pair<IO, POut>(d, x, i, half, xa, xb);
+  // one vector of pairs at frequency i, loaded: dh staged and the sums
+  auto sum_vectors = [&](vf32 ga, vf32 gb, vf32 xa, vf32 xb, float* dh, std::int64_t i, sums& s)
+                         TILEROPE_INLINE_LAMBDA {
+                           vf32 dha, dhb;
+                           rotate_vectors<f32_io, false, Full>(d, ga, gb, i, angles, dha, dhb);
+                           hn::StoreU(dha, d, dh + i);
+                           hn::StoreU(dhb, d, dh + half + i);
+                           s.sqa = hn::MulAdd(xa, xa, s.sqa);
+                           s.sqb = hn::MulAdd(xb, xb, s.sqb);
+                           s.dota = hn::MulAdd(hn::Mul(hn::LoadU(d, wa + i), dha), xa, s.dota);
+                           s.dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, wb + i), dhb), xb, s.dotb);
+                         };
+  // dx of one vector of pairs at frequency i into (ya, yb), and its dw terms
+  auto apply_vectors = [&](vf32 xa, vf32 xb, const float* dh, vf32 rv, vf32 cv, std::int64_t i,
+                           vf32& ya, vf32& yb) TILEROPE_INLINE_LAMBDA {
     const vf32 dha = hn::LoadU(d, dh + i), dhb = hn::LoadU(d, dh + half + i);
-    const vf32 wdha = hn::Mul(hn::LoadU(d, wa + i), dha);
-    const vf32 wdhb = hn::Mul(hn::LoadU(d, wb + i), dhb);
-    store_pair<IO, POut>(d, hn::MulSub(rv, wdha, hn::Mul(cv, xa)),
-                         hn::MulSub(rv, wdhb, hn::Mul(cv, xb)), dx, i, half);
+    ya = hn::MulSub(rv, hn::Mul(hn::LoadU(d, wa + i), dha), hn::Mul(cv, xa));
+    yb = hn::MulSub(rv, hn::Mul(hn::LoadU(d, wb + i), dhb), hn::Mul(cv, xb));
     hn::StoreU(hn::MulAdd(hn::Mul(dha, xa), rv, hn::LoadU(d, tdw + i)), d, tdw + i);
     hn::StoreU(hn::MulAdd(hn::Mul(dhb, xb), rv, hn::LoadU(d, tdw + half + i)), d, tdw + half + i);
   };
+#if TILEROPE_BF16_BLOCKS
+  const du16_t d16;
+  const hn::Half<du16_t> dh16;  // n lanes
+  // a step of 2n pairs of bf16 halves, in block order
+  auto widen = [&](const auto* x, std::int64_t i, vf32& a0, vf32& a1, vf32& b0, vf32& b1)
+                   TILEROPE_INLINE_LAMBDA {
+                     widen_bf16_blocks(d, hn::LoadU(d16, x + i), a0, a1);
+                     widen_bf16_blocks(d, hn::LoadU(d16, x + half + i), b0, b1);
+                   };
+#endif
+  auto sum_step = [&](const typename IO::storage* g, const typename IO::storage* x, float* dh,
+                      std::int64_t i, sums& s) TILEROPE_INLINE_LAMBDA {
+#if TILEROPE_BF16_BLOCKS
+    if constexpr (Blocks) {
+      vf32 ga0, ga1, gb0, gb1, xa0, xa1, xb0, xb1;
+      widen(g, i, ga0, ga1, gb0, gb1);
+      widen(x, i, xa0, xa1, xb0, xb1);
+      sum_vectors(ga0, gb0, xa0, xb0, dh, i, s);
+      sum_vectors(ga1, gb1, xa1, xb1, dh, i + n, s);
+      return;
+    }
+#endif
+    vf32 ga, gb, xa, xb;
+    load_pair<IO, PIn>(d, g, i, half, ga, gb);
+    load_pair<IO, POut>(d, x, i, half, xa, xb);
+    sum_vectors(ga, gb, xa, xb, dh, i, s);
+  };
+  auto apply_step = [&](const typename IO::storage* x, typename IO::storage* dx, const float* dh,
+                        vf32 rv, vf32 cv, std::int64_t i) TILEROPE_INLINE_LAMBDA {
+#if TILEROPE_BF16_BLOCKS
+    if constexpr (Blocks) {
+      vf32 xa0, xa1, xb0, xb1, ya0, ya1, yb0, yb1;
+      widen(x, i, xa0, xa1, xb0, xb1);
+      apply_vectors(xa0, xb0, dh, rv, cv, i, ya0, yb0);
+      apply_vectors(xa1, xb1, dh, rv, cv, i + n, ya1, yb1);
+      const bool nan = may_hold_nan(d, hn::Add(hn::Add(ya0, ya1), hn::Add(yb0, yb1)));
+      const auto ea = narrow_bf16_blocks(d, ya0, ya1, nan);
+      const auto eb = narrow_bf16_blocks(d, yb0, yb1, nan);
+      if constexpr (std::is_same_v<IO, typename IO::plain>) {
+        hn::StoreU(ea, d16, dx + i);
+        hn::StoreU(eb, d16, dx + half + i);
+      } else {  // streaming_io: n at a time (can_stream checks n)
+        hn::Stream(hn::LowerHalf(dh16, ea), dh16, dx + i);
+        hn::Stream(hn::UpperHalf(dh16, ea), dh16, dx + i + n);
+        hn::Stream(hn::LowerHalf(dh16, eb), dh16, dx + half + i);
+        hn::Stream(hn::UpperHalf(dh16, eb), dh16, dx + half + i + n);
+      }
+      return;
+    }
+#endif
+    vf32 xa, xb, ya, yb;
+    load_pair<IO, POut>(d, x, i, half, xa, xb);
+    apply_vectors(xa, xb, dh, rv, cv, i, ya, yb);
+    store_pair<IO, POut>(d, ya, yb, dx, i, half);
+  };
+  const std::int64_t step = Blocks ? 2 * n : n;
   auto row_in = [&](std::int64_t h) { return g_in + h * blk.in_h; };
   auto row_x = [&](std::int64_t h) { return x_in + h * blk.x_h; };
   // the first group's sums
   for (std::int64_t k = 0; k < group; ++k) {
     sums s{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
     if (k < heads) {
-      for (std::int64_t i = 0; i < half; i += n) sum_step(row_in(k), row_x(k), dh_of(k), i, s);
+      for (std::int64_t i = 0; i < half; i += step) sum_step(row_in(k), row_x(k), dh_of(k), i, s);
     }
     sq_of[k] = hn::Add(s.sqa, s.sqb);
     dot_of[k] = hn::Add(s.dota, s.dotb);
@@ -2173,7 +2249,7 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
         const auto *g = row_in(ahead), *xh = row_x(ahead), *x = row_x(h);
         auto* dx = dx_out + h * blk.out_h;
         float *dh_ahead = dh_of(ahead), *dh = dh_of(h);
-        for (std::int64_t i = 0; i < half; i += n) {
+        for (std::int64_t i = 0; i < half; i += step) {
           sum_step(g, xh, dh_ahead, i, s);
           apply_step(x, dx, dh, rv, cv, i);
         }
@@ -2181,13 +2257,23 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
         const auto* x = row_x(h);
         auto* dx = dx_out + h * blk.out_h;
         const float* dh = dh_of(h);
-        for (std::int64_t i = 0; i < half; i += n) apply_step(x, dx, dh, rv, cv, i);
+        for (std::int64_t i = 0; i < half; i += step) apply_step(x, dx, dh, rv, cv, i);
       }
       sq_of[k] = hn::Add(s.sqa, s.sqb);
       dot_of[k] = hn::Add(s.dota, s.dotb);
     }
   }
   // the block's heads of this token, summed, in the weight's element order
+#if TILEROPE_BF16_BLOCKS
+  if constexpr (Blocks) {  // block order is its own inverse
+    for (std::int64_t i = 0; i < D; i += 2 * n) {
+      vf32 first, second;
+      to_block_order(d, hn::LoadU(d, tdw + i), hn::LoadU(d, tdw + i + n), first, second);
+      hn::StoreU(first, d, tdw + i);
+      hn::StoreU(second, d, tdw + i + n);
+    }
+  }
+#endif
   for (std::int64_t i = 0; i < half; i += n) {
     store_pair<f32_io, POut>(d, hn::LoadU(d, tdw + i), hn::LoadU(d, tdw + half + i), tdw_out, i,
                              half);
@@ -2235,6 +2321,19 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   // rows of whole vectors of pairs where no row is held (AVX-512 keeps its staged path for
   // rows of more than four vectors of pairs)
   if (lanes < 16 && rotary == D && half % lanes == 0) {
+#if TILEROPE_BF16_BLOCKS
+    if constexpr (std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::halves &&
+                  POut == pairs::halves) {
+      if (half % (2 * lanes) == 0) {  // bf16 halves a vector of bf16 at a time, in block order
+        if (a.full) {
+          return norm_backward_block_ahead<IO, PIn, POut, true, true>(d, p, blk, g_in, dx_out, x_in,
+                                                                      a, rows, chunk);
+        }
+        return norm_backward_block_ahead<IO, PIn, POut, false, true>(d, p, blk, g_in, dx_out, x_in,
+                                                                     a, rows, chunk);
+      }
+    }
+#endif
     if (a.full) {
       return norm_backward_block_ahead<IO, PIn, POut, true>(d, p, blk, g_in, dx_out, x_in, a, rows,
                                                             chunk);
@@ -2300,7 +2399,7 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   using T = typename IO::storage;
   const df32 d;
   thread_local std::vector<float> rows;
-  rows.assign(static_cast<std::size_t>((2 * norm_group + 2) * p.head_dim), 0.0f);
+  rows.assign(static_cast<std::size_t>((2 * norm_group + 5) * p.head_dim), 0.0f);
   for_each_block<T>(p, first, last, thread_scratch(p),
                     [&](std::int64_t b, std::int64_t s, const token_angles& a,
                         const head_block& blk, const T* g_in, T* dx_out) {

@@ -884,6 +884,7 @@ std::vector<rope_case> builtin_cases() {
       c.tokens = 5;
       c.inplace = variant % 2 == 0;
       // heads past one group of four, the last group partial
+      if (variant == 5) c.name += "-q9-k7", c.q_heads = 9, c.k_heads = 7;
       if (variant == 6) c.name += "-q10-k6", c.q_heads = 10, c.k_heads = 6;
       if (variant == 7) c.name += "-q13-k5", c.q_heads = 13, c.k_heads = 5;
       if (variant == 8) c.name += "-partial-r64-packed", c.rotary_dim = 64, c.packed = true;
