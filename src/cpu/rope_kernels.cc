@@ -2399,6 +2399,8 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   using T = typename IO::storage;
   const df32 d;
   thread_local std::vector<float> rows;
+  // 2 groups of D (dh or dh and x), dw terms, dw in element order, then for the bf16 block
+  // order the angles (2 D) and weights (D)
   rows.assign(static_cast<std::size_t>((2 * norm_group + 5) * p.head_dim), 0.0f);
   for_each_block<T>(p, first, last, thread_scratch(p),
                     [&](std::int64_t b, std::int64_t s, const token_angles& a,
