@@ -25,6 +25,27 @@ TEST(Runtime, ThreadCountIsSetAndChecked) {
   set_num_threads(before);
 }
 
+TEST(Runtime, PrefetchDistanceIsSetAndChecked) {
+  const std::int64_t before = prefetch_bytes();
+  EXPECT_GE(before, 0);
+  set_prefetch_bytes(4096);
+  EXPECT_EQ(prefetch_bytes(), 4096);
+  set_prefetch_bytes(0);
+  EXPECT_EQ(prefetch_bytes(), 0);
+  for (const std::int64_t bad : {std::int64_t{-1}, std::int64_t{(1 << 20) + 1}}) {
+    try {
+      set_prefetch_bytes(bad);
+      FAIL() << bad;
+    } catch (const error& e) {
+      EXPECT_NE(std::string(e.what()).find("prefetch_bytes (" + std::to_string(bad) + ")"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(prefetch_bytes(), 0);  // unchanged by the rejected value
+  }
+  set_prefetch_bytes(before);
+}
+
 TEST(Runtime, TargetsCanBeForcedAndUnknownNamesAreErrors) {
   const auto compiled = compiled_cpu_targets();
   EXPECT_NE(std::find(compiled.begin(), compiled.end(), "scalar"), compiled.end());

@@ -2,6 +2,7 @@
 /// \file runtime.h
 /// Threads and SIMD target selection for the CPU kernels.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,14 @@ namespace tilerope {
 /// n <= 0 throws tilerope::error.
 void set_num_threads(int n);
 int num_threads();
+
+/// Software prefetch distance of the CPU kernels, in bytes: as a kernel reads each row of q
+/// or k (or of the backward's inputs), it asks for the lines this far beyond it in the same
+/// buffer. 0 turns it off. The default is the TILEROPE_PREFETCH_BYTES environment variable if
+/// set, otherwise 2048 on Intel CPUs and 0 on others (docs/benchmarks.md gives the
+/// measurements). A value outside [0, 2^20] throws tilerope::error. Results do not depend on it.
+void set_prefetch_bytes(std::int64_t bytes);
+std::int64_t prefetch_bytes();
 
 /// SIMD targets compiled into this library, by tilerope's names ("scalar", "sse4", "avx2",
 /// "avx512", ...), best last.

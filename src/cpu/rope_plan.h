@@ -6,6 +6,7 @@
 #include "tilerope/dtype.h"
 #include "tilerope/freqs.h"
 #include "tilerope/rope.h"
+#include "tilerope/runtime.h"
 
 namespace tilerope::detail {
 
@@ -74,14 +75,18 @@ struct rope_plan {
   float eps = 0;
   bool hf_rounding = false;
 
+  // software prefetch: the lines this many bytes beyond each row read, in the same buffer
+  std::int64_t prefetch_bytes = tilerope::prefetch_bytes();
+
   std::int64_t tokens() const { return batch * seq; }
 };
 
 // Runs the plan on the CPU: threads take its token_blocks(plan) blocks of tokens in turn;
-// small problems stay on this thread (one block). Weight gradients (qk-norm backward) are
-// summed into blocks[k].weight_grad, which must hold token_blocks(plan) * head_dim zeroed
-// doubles, one chunk per block; run_rope_cpu adds the chunks into chunk 0 in block order.
-void run_rope_cpu(const rope_plan& plan);
+// small problems stay on this thread (one block), without software prefetch. Weight gradients
+// (qk-norm backward) are summed into blocks[k].weight_grad, which must hold token_blocks(plan) *
+// head_dim zeroed doubles, one chunk per block; run_rope_cpu adds the chunks into chunk 0 in block
+// order.
+void run_rope_cpu(rope_plan plan);
 std::int64_t token_blocks(const rope_plan& plan);
 // True when the CPU has AVX512-BF16 (vcvtneps2bf16), read once.
 bool native_bf16();

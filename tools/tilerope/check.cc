@@ -138,7 +138,8 @@ void add_check_command(CLI::App& app, int& exit_code) {
         }
       }
     }
-    std::printf("tilerope check: cpu target %s, %d threads\n", cpu_target().c_str(), num_threads());
+    std::printf("tilerope check: cpu target %s, %d threads, prefetch %lld bytes\n",
+                cpu_target().c_str(), num_threads(), static_cast<long long>(prefetch_bytes()));
     std::printf("%-40s %-22s %-5s %-34s %10s %10s %17s  %s\n", "case", "variant", "dtype", "shape",
                 "max_abs", "max_rel", "tol (atol/rtol)", "result");
     int passed = 0, failed = 0;

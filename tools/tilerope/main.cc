@@ -46,6 +46,8 @@ void add_info_command(CLI::App& app) {
     std::printf("cpu targets supported: %s\n", joined(tilerope::supported_cpu_targets()).c_str());
     std::printf("cpu target chosen:     %s\n", tilerope::cpu_target().c_str());
     std::printf("threads:               %d\n", tilerope::num_threads());
+    std::printf("prefetch bytes:        %lld\n",
+                static_cast<long long>(tilerope::prefetch_bytes()));
   });
 }
 
