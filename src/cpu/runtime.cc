@@ -84,9 +84,10 @@ std::int64_t default_prefetch_bytes() {
     return n;
   }
 #if defined(__x86_64__) || defined(__i386__)
-  // Intel: 16-bit rows in place read 0.63 of the ceiling without, 0.85 with 2048 bytes
-  // (docs/benchmarks.md, "Software prefetch"); on the AMD machines it is off: there it was
-  // measured slower (QK RMSNorm's backward, Zen 3)
+  // Intel: rope-neox bf16 in place, Qwen3-8B, one thread, 0.62 of the ceiling without, 0.82
+  // with 2048 bytes (docs/benchmarks.md, "A third machine class"); off on AMD, where rows
+  // prefetched a few heads or tokens ahead measured slower (Zen 4 rope, Zen 3 QK RMSNorm's
+  // backward)
   if (__builtin_cpu_is("intel")) return 2048;
 #endif
   return 0;
