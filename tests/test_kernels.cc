@@ -128,57 +128,64 @@ TEST(Kernels, SweepMatchesGolden) {
 // fp32 row path), leaves an overlapping last vector, or is 1, 2 or 4 whole AVX-512 vectors
 // (f32: the weights folded into angles held in registers), with partial rotary, both roundings,
 // split-half output (in place and not) and the backward.
+// Each case runs with QK RMSNorm's 16-bit rows held in registers and staged (the two paths of
+// norm_rotate_block on targets with 32 vector registers; the CPU picks one by default).
 TEST(Kernels, QkNormSweepMatchesGolden) {
   std::uint64_t seed = 900;
   int n = 0;
-  for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
-    for (auto [d, r] : std::vector<std::pair<int, int>>{{6, 6},
-                                                        {10, 10},
-                                                        {20, 20},
-                                                        {32, 32},
-                                                        {34, 30},
-                                                        {40, 40},
-                                                        {64, 64},
-                                                        {80, 80},
-                                                        {96, 64},
-                                                        {128, 128},
-                                                        {256, 256}}) {
-      // 0-2, 9, 10 forward, 3-8 backward; 5, 6, 9 and 10 span more than one group of four
-      // heads (9 and 10 more than two, ending mid-group: the forward finds each group's
-      // RMSNorm sums one group ahead); 7 and 8 take random full-width rows (cos, sin halves
-      // differ)
-      for (int variant = 0; variant < 11; ++variant) {
-        rope_case c;
-        c.name = "qknorm-sweep";
-        c.qk_norm = true;
-        c.x_type = t;
-        c.head_dim = d;
-        c.rotary_dim = r;
-        c.tokens = 1 + (variant * 3 + d) % 7;
-        c.q_heads = variant >= 9   ? 9 + variant % 2
-                    : variant >= 5 ? 6 + variant % 2
-                                   : 2 + variant % 2;
-        c.k_heads = variant == 4 ? 0 : variant == 6 ? 5 : variant >= 9 ? 15 - c.q_heads : 1;
-        c.inplace = variant % 2 == 0;
-        if (variant == 1) c.norm_rounding = qk_norm_rounding::hf_qwen3;
-        if (variant == 2 || variant == 4) {
-          c.style = rope_style::gptj;
-          c.output_layout = rope_output_layout::split_half;
+  for (int held16 : {0, 1}) {
+    detail::set_norm_rows_held_16bit(held16);
+    for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+      for (auto [d, r] : std::vector<std::pair<int, int>>{{6, 6},
+                                                          {10, 10},
+                                                          {20, 20},
+                                                          {32, 32},
+                                                          {34, 30},
+                                                          {40, 40},
+                                                          {64, 64},
+                                                          {80, 80},
+                                                          {96, 64},
+                                                          {128, 128},
+                                                          {256, 256}}) {
+        // 0-2, 9, 10 forward, 3-8 backward; 5, 6, 9 and 10 span more than one group of four
+        // heads (9 and 10 more than two, ending mid-group: the forward finds each group's
+        // RMSNorm sums one group ahead); 7 and 8 take random full-width rows (cos, sin halves
+        // differ)
+        for (int variant = 0; variant < 11; ++variant) {
+          rope_case c;
+          c.name = "qknorm-sweep";
+          c.qk_norm = true;
+          c.x_type = t;
+          c.head_dim = d;
+          c.rotary_dim = r;
+          c.tokens = 1 + (variant * 3 + d) % 7;
+          c.q_heads = variant >= 9   ? 9 + variant % 2
+                      : variant >= 5 ? 6 + variant % 2
+                                     : 2 + variant % 2;
+          c.k_heads = variant == 4 ? 0 : variant == 6 ? 5 : variant >= 9 ? 15 - c.q_heads : 1;
+          c.inplace = variant % 2 == 0;
+          if (variant == 1) c.norm_rounding = qk_norm_rounding::hf_qwen3;
+          if (variant == 2 || variant == 4) {
+            c.style = rope_style::gptj;
+            c.output_layout = rope_output_layout::split_half;
+          }
+          if (variant == 5 || variant == 8) c.style = rope_style::gptj;
+          if (variant >= 7) {
+            c.rows = "f32";
+            c.random_rows = true;
+          }
+          c.backward = variant >= 3 && variant <= 8;
+          c.seed = seed++;
+          const auto res = cli::run_case(c);
+          EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant
+                                << " held16 " << held16;
+          ++n;
         }
-        if (variant == 5 || variant == 8) c.style = rope_style::gptj;
-        if (variant >= 7) {
-          c.rows = "f32";
-          c.random_rows = true;
-        }
-        c.backward = variant >= 3 && variant <= 8;
-        c.seed = seed++;
-        const auto res = cli::run_case(c);
-        EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant;
-        ++n;
       }
     }
   }
-  EXPECT_EQ(n, 3 * 11 * 11);
+  detail::set_norm_rows_held_16bit(-1);
+  EXPECT_EQ(n, 2 * 3 * 11 * 11);
 }
 
 // Position 0 is the identity, bit for bit, in every dtype.

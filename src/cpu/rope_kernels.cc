@@ -1916,9 +1916,11 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
   constexpr std::int64_t group = norm_group;
   float inv_rms[2 * group];  // two groups' r: this one's and the next one's
   if constexpr (!HfRound) {
-    // f32 only: with 16-bit x in place it measured slower (bf16 in cache 0.177 to 0.216 ns
-    // per element), though faster out of place
-    const int held = sizeof(T) == 4 && lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
+    // 16-bit x where the plan says (rope_plan::held_16bit_norm_rows: on Intel); on Zen 4 with
+    // 16-bit x in place it measured slower (bf16 in cache 0.177 to 0.216 ns per element),
+    // though faster out of place
+    const bool held_x = sizeof(T) == 4 || p.held_16bit_norm_rows;
+    const int held = held_x && lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
     if (held == 4) return norm_rotate_block_held<IO, PIn, POut, 4>(d, p, blk, in, out, a);
     if (held == 2) return norm_rotate_block_held<IO, PIn, POut, 2>(d, p, blk, in, out, a);
     if (held == 1) return norm_rotate_block_held<IO, PIn, POut, 1>(d, p, blk, in, out, a);

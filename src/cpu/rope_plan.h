@@ -31,6 +31,17 @@ struct head_block {
 // How the two elements of each rotated pair sit in a row: (i, i + r/2) or (2i, 2i + 1).
 enum class pairs : std::uint8_t { halves, adjacent };
 
+// True on Intel CPUs, read once.
+bool intel_cpu();
+// Whether QK RMSNorm's 16-bit rows of 1, 2 or 4 vectors of pairs are held in registers with
+// 32 vector registers, as f32 rows are (norm_rotate_block_held), instead of staged. On Intel
+// (the default there) bf16 in place, one thread, took 0.195-0.208 ns per element in memory
+// against 0.246-0.247 staged, and the same in cache (0.158-0.162 against 0.160-0.163); on Zen
+// 4 held rows measured slower in cache (0.216 against 0.177). The kernel tests take both (set:
+// 0 or 1; -1 restores the CPU's default).
+bool norm_rows_held_16bit();
+void set_norm_rows_held_16bit(int held);
+
 struct rope_plan {
   rope_style style = rope_style::neox;
   bool backward = false;
@@ -77,6 +88,7 @@ struct rope_plan {
 
   // software prefetch: the lines this many bytes beyond each row read, in the same buffer
   std::int64_t prefetch_bytes = tilerope::prefetch_bytes();
+  bool held_16bit_norm_rows = norm_rows_held_16bit();
 
   std::int64_t tokens() const { return batch * seq; }
 };

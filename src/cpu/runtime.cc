@@ -83,14 +83,11 @@ std::int64_t default_prefetch_bytes() {
     }
     return n;
   }
-#if defined(__x86_64__) || defined(__i386__)
   // Intel: rope-neox bf16 in place, Qwen3-8B, one thread, 0.62 of the ceiling without, 0.82
   // with 2048 bytes (docs/benchmarks.md, "A third machine class"); off on AMD, where rows
   // prefetched a few heads or tokens ahead measured slower (Zen 4 rope, Zen 3 QK RMSNorm's
   // backward)
-  if (__builtin_cpu_is("intel")) return 2048;
-#endif
-  return 0;
+  return detail::intel_cpu() ? 2048 : 0;
 }
 
 void force_target(std::string_view name);
@@ -222,6 +219,26 @@ std::int64_t token_blocks(const rope_plan& plan) {
   if (threads <= 1 || elements < min_parallel_elements) return 1;
   return std::min<std::int64_t>(tokens, blocks_per_thread * threads);
 }
+
+bool intel_cpu() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool is = __builtin_cpu_is("intel");
+  return is;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::atomic<int> held_16bit_norm_rows{-1};  // -1: the CPU's default
+}  // namespace
+
+bool norm_rows_held_16bit() {
+  const int v = held_16bit_norm_rows.load();
+  return v < 0 ? intel_cpu() : v != 0;
+}
+
+void set_norm_rows_held_16bit(int held) { held_16bit_norm_rows = held < 0 ? -1 : held != 0; }
 
 bool native_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
