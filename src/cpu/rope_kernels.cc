@@ -355,18 +355,28 @@ struct bf16_native_io : bf16_io {
     asm("vcvtneps2bf16 %1, %0" : "=v"(r.raw) : "v"(v.raw));
     return r;
   }
-  static hn::Vec<out_tag> encode(df32 d, vf32 v) {
+  // The integer path, out of line: its constants then take no registers in the callers' loops
+  // (Intel, one thread, in cache, min ns per element: rope-neox bf16 0.092-0.093 to
+  // 0.085-0.086, QK RMSNorm 0.158-0.161 to 0.153, its backward 0.295 to 0.271-0.277).
+  static HWY_NOINLINE hn::Vec<out_tag> encode_subnormal(vf32 v) {
+    return bf16_io::encode(df32(), v);
+  }
+  static HWY_NOINLINE void encode_halves_subnormal(vf32 a, vf32 b, hn::Vec<out_tag>* ea,
+                                                   hn::Vec<out_tag>* eb) {
+    *ea = bf16_io::encode(df32(), a);
+    *eb = bf16_io::encode(df32(), b);
+  }
+  static hn::Vec<out_tag> encode(df32, vf32 v) {
     // vfpclassps category 0x20: denormal (one instruction; the kernels are memory-bound)
-    if (HWY_UNLIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) != 0)) return bf16_io::encode(d, v);
+    if (HWY_UNLIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) != 0)) return encode_subnormal(v);
     return convert(v);
   }
   static void store(df32 d, vf32 v, std::uint16_t* p) { hn::StoreU(encode(d, v), out_tag(), p); }
   // two vectors, one test for a subnormal in either
-  static void encode_halves(df32 d, vf32 a, vf32 b, hn::Vec<out_tag>& ea, hn::Vec<out_tag>& eb) {
+  static void encode_halves(df32, vf32 a, vf32 b, hn::Vec<out_tag>& ea, hn::Vec<out_tag>& eb) {
     if (HWY_UNLIKELY((_mm512_fpclass_ps_mask(a.raw, 0x20) | _mm512_fpclass_ps_mask(b.raw, 0x20)) !=
                      0)) {
-      ea = bf16_io::encode(d, a);
-      eb = bf16_io::encode(d, b);
+      encode_halves_subnormal(a, b, &ea, &eb);
       return;
     }
     ea = convert(a);
