@@ -1274,13 +1274,12 @@ HWY_INLINE void rotate_row_output_order(df32 d, const typename IO::storage* x,
 }
 
 template <class IO, pairs P, int NV>
-HWY_NOINLINE void rotate_block_output_order(df32 d, const head_block& blk,
+HWY_NOINLINE void rotate_block_output_order(df32 d, const rope_plan& p, const head_block& blk,
                                             const typename IO::storage* in,
-                                            typename IO::storage* out, const token_angles& a,
-                                            std::int64_t half, std::int64_t ahead) {
-  const output_angles<P, NV> f(d, a, half);
+                                            typename IO::storage* out, const token_angles& a) {
+  const output_angles<P, NV> f(d, a, p.rotary_dim / 2);
   for (std::int64_t h = 0; h < blk.heads; ++h) {
-    prefetch_row(in + h * blk.in_h, 2 * half, ahead);
+    prefetch_row(in + h * blk.in_h, p.head_dim, p.prefetch_bytes);
     rotate_row_output_order<IO, P, NV>(d, in + h * blk.in_h, out + h * blk.out_h, f);
   }
 }
@@ -1497,14 +1496,11 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
                       if constexpr (PIn == POut) {
                         switch (ordered) {
                           case 3:
-                            return rotate_block_output_order<IO, PIn, 3>(d, blk, in, out, a, half,
-                                                                         p.prefetch_bytes);
+                            return rotate_block_output_order<IO, PIn, 3>(d, p, blk, in, out, a);
                           case 5:
-                            return rotate_block_output_order<IO, PIn, 5>(d, blk, in, out, a, half,
-                                                                         p.prefetch_bytes);
+                            return rotate_block_output_order<IO, PIn, 5>(d, p, blk, in, out, a);
                           case 7:
-                            return rotate_block_output_order<IO, PIn, 7>(d, blk, in, out, a, half,
-                                                                         p.prefetch_bytes);
+                            return rotate_block_output_order<IO, PIn, 7>(d, p, blk, in, out, a);
                           default:
                             break;
                         }
