@@ -28,6 +28,7 @@
 
 #undef TILEROPE_NATIVE_BF16  // each target's pass decides anew
 #undef TILEROPE_BF16_BLOCKS
+#undef TILEROPE_LANE_PAIRS
 #undef TILEROPE_NORM_SUMS_AHEAD
 // A lambda a kernel's loop calls, inlined into it: GCC calls the larger ones out of line,
 // through their closures (measured: the bf16 QK RMSNorm backward 0.83 against 0.52 ns per
@@ -382,11 +383,24 @@ struct bf16_native_io : bf16_io {
     ea = convert(a);
     eb = convert(b);
   }
-  // adjacent pairs: each half converted natively, then zero-extended into one u32 lane
+  // adjacent pairs: both vectors converted by one vcvtne2ps2bf16 (the even values' 16 bf16,
+  // then the odd values'), then put in element order by one vpermw
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
-    hn::Vec<out_tag> e, o;
-    encode_halves(d, even, odd, e, o);
-    return hn::Or(hn::PromoteTo(du32_t(), e), hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), o)));
+    if (HWY_UNLIKELY((_mm512_fpclass_ps_mask(even.raw, 0x20) |
+                      _mm512_fpclass_ps_mask(odd.raw, 0x20)) != 0)) {
+      hn::Vec<out_tag> e, o;
+      encode_halves_subnormal(even, odd, &e, &o);
+      return hn::Or(hn::PromoteTo(du32_t(), e), hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), o)));
+    }
+    (void)d;
+    __m512i both;
+    asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(both) : "v"(odd.raw), "v"(even.raw));
+    // u16 lane 2k takes the even value k (lane k), lane 2k + 1 the odd value k (lane 16 + k)
+    alignas(64) static constexpr std::uint16_t kPairs[32] = {
+        0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i order = _mm512_load_si512(kPairs);
+    return hn::Vec<du32_t>{_mm512_permutexvar_epi16(order, both)};
   }
   static void store_pairs(df32 d, vf32 even, vf32 odd, std::uint16_t* p) {
     hn::StoreU(encode_pairs(d, even, odd), du32_t(), reinterpret_cast<std::uint32_t*>(p));
@@ -2059,63 +2073,169 @@ HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n) {
   for (; j < n; ++j) dw[j] += static_cast<double>(t[j]);
 }
 
+// ---- bf16 halves in lane-pair order (AVX512-BF16) -------------------------------------------
+// A half of a bf16 row taken as u32 lanes widens in one instruction per fp32 vector: the even
+// elements by a shift, the odd ones by a mask (bf16_io::load_pairs), where a widening load
+// takes two (vpmovzxwd and a shift); and the two vectors round back together by one
+// vcvtne2ps2bf16 and one vpermw (bf16_native_io::encode_pairs) where each took a vcvtneps2bf16
+// of two uops. In between, a step of 2n pairs holds the even elements of its 2n first (and
+// second) elements in one fp32 vector and the odd ones in the next: the lane-pair order. The
+// angles and weights are put in that order once per block of heads (lane_pair_ordered).
+#ifdef TILEROPE_NATIVE_BF16
+#define TILEROPE_LANE_PAIRS 1
+
+// 2n floats of each step in lane-pair order: for each 2n from `from`, its even elements, then
+// its odd ones (half a multiple of 2n)
+HWY_INLINE void lane_pair_ordered(df32 d, const float* from, std::int64_t half, float* to) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  for (std::int64_t i = 0; i < half; i += 2 * n) {
+    const vf32 lo = hn::LoadU(d, from + i), hi = hn::LoadU(d, from + i + n);
+    hn::StoreU(hn::ConcatEven(d, hi, lo), d, to + i);
+    hn::StoreU(hn::ConcatOdd(d, hi, lo), d, to + i + n);
+  }
+}
+#endif
+
+// S vectors of pairs from pair index i: one (as `P` lays them out), or with LanePairs two, each
+// half's 2n values from one load
+template <class IO, pairs P, bool LanePairs>
+HWY_INLINE void load_pairs_step(df32 d, const typename IO::storage* x, std::int64_t i,
+                                std::int64_t half, vf32* a, vf32* b) {
+  if constexpr (LanePairs) {
+    IO::load_pairs(d, x + i, a[0], a[1]);
+    IO::load_pairs(d, x + half + i, b[0], b[1]);
+  } else {
+    load_pair<IO, P>(d, x, i, half, a[0], b[0]);
+  }
+}
+
+template <class IO, pairs P, bool LanePairs>
+HWY_INLINE void store_pairs_step(df32 d, const vf32* a, const vf32* b, typename IO::storage* y,
+                                 std::int64_t i, std::int64_t half) {
+  if constexpr (LanePairs) {
+    IO::store_pairs(d, a[0], a[1], y + i);
+    IO::store_pairs(d, b[0], b[1], y + half + i);
+  } else {
+    store_pair<IO, P>(d, a[0], b[0], y, i, half);
+  }
+}
+
 // Backward of QK RMSNorm + RoPE for one block of one token whose rows are NV whole vectors of
-// pairs, every dim rotated (32 vector registers: AVX-512 at head dims 32, 64 and 128). Each
-// row is taken whole in registers, and the block's weight-gradient terms stay in registers
-// across its heads:
-//     dh = rope_backward(g), x                      (g and x read once, nothing staged)
-//     r = 1 / sqrt(x.x / D + eps),  coef = r^3 (w dh).x / D
-//     dx = r w dh - coef x,  dw += r dh x           (dx written once)
-// Against staging dh and x in rows of fp32 (about twelve memory operations per vector of
-// pairs, and the rotation's output stored and read again) this measured 0.75 to 0.50 ns per
-// element for f32 in memory, one thread. The next row's loads do not wait on this row's
-// sums: out-of-order execution overlaps them, as groups of rows did in the staged version.
-template <class IO, pairs PIn, pairs POut, bool Full, int NV>
+// pairs, every dim rotated (32 vector registers: AVX-512 at head dims 32, 64 and 128), in two
+// passes over each row with the row's r and coef between them:
+//     sums:   dh = rope_backward(g) (staged in fp32, in L1),  r = 1 / sqrt(x.x / D + eps),
+//             coef = r^3 (w dh).x / D
+//     apply:  x read again (from L1),  dx = w (r dh) - coef x,  dw += (r dh) x
+// The sums run `ahead` = 2 rows before the apply, in the same pass over the heads: row h is
+// applied with the r and coef found while row h - 2 was, so the chain from a row's loads to its
+// r and coef (two sums, their lane reductions, a square root and a division) overlaps other
+// rows' work. Each row applied as soon as its own sums were done (its dh and x held in
+// registers), the work waiting on that chain filled the scheduler and rows barely overlapped.
+// The dw terms stay in registers across the block's heads. Intel, one thread, 32 + 8 heads of
+// 128, in place, min ns per element: bf16 in L2 (T = 8) 0.275-0.282 to 0.221-0.224 (with
+// LanePairs; f32 and f16 even); bench --only qk-norm-rope-bwd, Qwen3-8B, two alternations,
+// bf16 0.74 / 0.68 to 0.79 / 0.75 of the ceiling at one / two threads in place, 0.70 / 0.66 to
+// 0.80 / 0.76 out of place, f32 and f16 within the spread.
+// LanePairs (bf16 halves with AVX512-BF16, NV even): the rows in lane-pair order, `a` and the
+// weights `w` (wa in ca, wb in sa) already in it.
+template <class IO, pairs PIn, pairs POut, bool Full, int NV, bool LanePairs = false>
 HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const head_block& blk,
                                            const typename IO::storage* g_in,
                                            typename IO::storage* dx_out,
                                            const typename IO::storage* x_in, const token_angles& a,
-                                           float* tdw, int chunk) {
+                                           const token_angles& w, float* staged, float* tdw,
+                                           int chunk) {
+  using T = typename IO::storage;
+  constexpr int S = LanePairs ? 2 : 1;  // vectors of pairs a load step takes
+  static_assert(NV % S == 0);
+  constexpr std::int64_t ahead = 2;  // rows whose sums run before the row applied
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
+  const std::int64_t half = p.rotary_dim / 2, D = p.head_dim, heads = blk.heads;
   const float inv_d = 1.0f / static_cast<float>(D);
   const memory_angles<Full> f{d, a, n};
-  vf32 dwa[NV], dwb[NV];  // dw of the pairs' first and second elements
-  for (int v = 0; v < NV; ++v) dwa[v] = dwb[v] = hn::Zero(d);
-  for (std::int64_t h = 0; h < blk.heads; ++h) {
-    const auto* g = g_in + h * blk.in_h;
-    const auto* x = x_in + h * blk.x_h;
+  const float *weight_a = w.ca, *weight_b = w.sa;
+  auto row_g = [&](std::int64_t h) { return g_in + h * blk.in_h; };
+  auto row_x = [&](std::int64_t h) { return x_in + h * blk.x_h; };
+  // dh and x of one step of a row (S vectors of pairs from vector v0)
+  auto load_step = [&](const T* g, const T* x, int v0, vf32* dha, vf32* dhb, vf32* xa, vf32* xb)
+                       TILEROPE_INLINE_LAMBDA {
+                         vf32 ga[S], gb[S];
+                         load_pairs_step<IO, PIn, LanePairs>(d, g, v0 * n, half, ga, gb);
+                         load_pairs_step<IO, POut, LanePairs>(d, x, v0 * n, half, xa, xb);
+                         for (int k = 0; k < S; ++k) {
+                           const int v = v0 + k;
+                           const vf32 ca = f.ca(v), sa = f.sa(v);
+                           const vf32 cb = Full ? f.cb(v) : ca, sb = Full ? f.sb(v) : sa;
+                           dha[k] = hn::MulSub(ga[k], ca, hn::Mul(gb[k], sa));
+                           dhb[k] = hn::MulAdd(gb[k], cb, hn::Mul(ga[k], sb));
+                         }
+                       };
+  const hn::CappedTag<float, 1> d1;
+  float r_of[ahead + 1], coef_of[ahead + 1];  // of the rows in flight, by h mod (ahead + 1)
+  // dh of the rows in flight, in fp32 (first elements, then second), by h mod (ahead + 1)
+  auto dh_of = [&](std::int64_t h) { return staged + h % (ahead + 1) * D; };
+  auto sums = [&](std::int64_t h) TILEROPE_INLINE_LAMBDA {
+    const T *g = row_g(h), *x = row_x(h);
+    float* dh = dh_of(h);
     prefetch_row(g, D, p.prefetch_bytes);
     prefetch_row(x, D, p.prefetch_bytes);
-    vf32 dha[NV], dhb[NV], xa[NV], xb[NV];
-    vf32 sq = hn::Zero(d), dot = hn::Zero(d);
-    for (int v = 0; v < NV; ++v) {
-      vf32 ga, gb;
-      load_pair<IO, PIn>(d, g, v * n, half, ga, gb);
-      const vf32 ca = f.ca(v), sa = f.sa(v);
-      const vf32 cb = Full ? f.cb(v) : ca, sb = Full ? f.sb(v) : sa;
-      dha[v] = hn::MulSub(ga, ca, hn::Mul(gb, sa));
-      dhb[v] = hn::MulAdd(gb, cb, hn::Mul(ga, sb));
-      load_pair<IO, POut>(d, x, v * n, half, xa[v], xb[v]);
-      sq = hn::MulAdd(xa[v], xa[v], hn::MulAdd(xb[v], xb[v], sq));
-      const vf32 wa = hn::LoadU(d, blk.weight_a + v * n), wb = hn::LoadU(d, blk.weight_b + v * n);
-      dot = hn::MulAdd(hn::Mul(wa, dha[v]), xa[v], hn::MulAdd(hn::Mul(wb, dhb[v]), xb[v], dot));
+    // two accumulators each (the pairs' first and second elements): a shorter chain
+    vf32 sqa = hn::Zero(d), sqb = hn::Zero(d), dota = hn::Zero(d), dotb = hn::Zero(d);
+    for (int v0 = 0; v0 < NV; v0 += S) {
+      vf32 dha[S], dhb[S], xa[S], xb[S];
+      load_step(g, x, v0, dha, dhb, xa, xb);
+      for (int k = 0; k < S; ++k) {
+        const int v = v0 + k;
+        hn::StoreU(dha[k], d, dh + v * n);
+        hn::StoreU(dhb[k], d, dh + half + v * n);
+        sqa = hn::MulAdd(xa[k], xa[k], sqa);
+        sqb = hn::MulAdd(xb[k], xb[k], sqb);
+        dota = hn::MulAdd(hn::Mul(hn::LoadU(d, weight_a + v * n), dha[k]), xa[k], dota);
+        dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, weight_b + v * n), dhb[k]), xb[k], dotb);
+      }
     }
-    const float r = 1.0f / std::sqrt(hn::GetLane(hn::SumOfLanes(d, sq)) * inv_d + p.eps);
-    const vf32 rv = hn::Set(d, r);
-    const vf32 coef = hn::Set(d, r * r * r * inv_d * hn::GetLane(hn::SumOfLanes(d, dot)));
-    auto* dx = dx_out + h * blk.out_h;
-    for (int v = 0; v < NV; ++v) {
-      const vf32 wa = hn::LoadU(d, blk.weight_a + v * n), wb = hn::LoadU(d, blk.weight_b + v * n);
-      dwa[v] = hn::MulAdd(hn::Mul(dha[v], xa[v]), rv, dwa[v]);
-      dwb[v] = hn::MulAdd(hn::Mul(dhb[v], xb[v]), rv, dwb[v]);
-      store_pair<IO, POut>(d, hn::MulSub(rv, hn::Mul(wa, dha[v]), hn::Mul(coef, xa[v])),
-                           hn::MulSub(rv, hn::Mul(wb, dhb[v]), hn::Mul(coef, xb[v])), dx, v * n,
-                           half);
+    const auto mean_sq =
+        hn::Mul(hn::Set(d1, hn::GetLane(hn::SumOfLanes(d, hn::Add(sqa, sqb)))), hn::Set(d1, inv_d));
+    const float r =
+        hn::GetLane(hn::Div(hn::Set(d1, 1.0f), hn::Sqrt(hn::Add(mean_sq, hn::Set(d1, p.eps)))));
+    const float dot_d = hn::GetLane(hn::SumOfLanes(d, hn::Add(dota, dotb))) * inv_d;
+    r_of[h % (ahead + 1)] = r;
+    coef_of[h % (ahead + 1)] = (r * r) * (r * dot_d);
+  };
+  vf32 dwa[NV], dwb[NV];  // dw of the pairs' first and second elements
+  for (int v = 0; v < NV; ++v) dwa[v] = dwb[v] = hn::Zero(d);
+  for (std::int64_t h = 0; h < std::min(ahead, heads); ++h) sums(h);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    if (h + ahead < heads) sums(h + ahead);
+    const vf32 rv = hn::Set(d, r_of[h % (ahead + 1)]), cv = hn::Set(d, coef_of[h % (ahead + 1)]);
+    const T* x = row_x(h);
+    const float* dh = dh_of(h);
+    T* dx = dx_out + h * blk.out_h;
+    for (int v0 = 0; v0 < NV; v0 += S) {
+      vf32 xa[S], xb[S], ya[S], yb[S];
+      load_pairs_step<IO, POut, LanePairs>(d, x, v0 * n, half, xa, xb);
+      for (int k = 0; k < S; ++k) {
+        const int v = v0 + k;
+        // r dh once: dw += (r dh) x,  dx = w (r dh) - coef x
+        const vf32 dhra = hn::Mul(hn::LoadU(d, dh + v * n), rv);
+        const vf32 dhrb = hn::Mul(hn::LoadU(d, dh + half + v * n), rv);
+        dwa[v] = hn::MulAdd(dhra, xa[k], dwa[v]);
+        dwb[v] = hn::MulAdd(dhrb, xb[k], dwb[v]);
+        ya[k] = hn::MulSub(hn::LoadU(d, weight_a + v * n), dhra, hn::Mul(cv, xa[k]));
+        yb[k] = hn::MulSub(hn::LoadU(d, weight_b + v * n), dhrb, hn::Mul(cv, xb[k]));
+      }
+      store_pairs_step<IO, POut, LanePairs>(d, ya, yb, dx, v0 * n, half);
     }
   }
   // the block's heads of this token, summed, in the weight's element order
-  for (int v = 0; v < NV; ++v) store_pair<f32_io, POut>(d, dwa[v], dwb[v], tdw, v * n, half);
+  for (int v = 0; v < NV; v += S) {
+    if constexpr (LanePairs) {
+      hn::StoreInterleaved2(dwa[v], dwa[v + 1], d, tdw + v * n);
+      hn::StoreInterleaved2(dwb[v], dwb[v + 1], d, tdw + half + v * n);
+    } else {
+      store_pair<f32_io, POut>(d, dwa[v], dwb[v], tdw, v * n, half);
+    }
+  }
   add_into_f64(tdw, blk.weight_grad + chunk * D, D);
 }
 
@@ -2346,16 +2466,43 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   // rows of 1, 2 or 4 whole vectors of pairs with 32 vector registers: held in registers
   const int held = lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
   if (held != 0) {
+    const token_angles w{blk.weight_a, blk.weight_b, blk.weight_a, blk.weight_b};
+    float* staged = rows + 3 * D;  // [3 D] dh of the rows in flight
+#ifdef TILEROPE_LANE_PAIRS
+    if constexpr (std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
+                  POut == pairs::halves) {
+      if (held != 1) {          // the token's angles and the block's weights in lane-pair order
+        float* ordered = rows;  // [4 r/2] angles, [2 r/2] weights
+        auto put = [&](const float* from, float* to) {
+          lane_pair_ordered(d, from, half, to);
+          return to;
+        };
+        const token_angles la{put(a.ca, ordered), put(a.sa, ordered + half),
+                              a.full ? put(a.cb, ordered + 2 * half) : ordered,
+                              a.full ? put(a.sb, ordered + 3 * half) : ordered + half, a.full};
+        const token_angles lw{put(w.ca, ordered + 4 * half), put(w.sa, ordered + 5 * half)};
+        auto take = [&](auto full) {
+          constexpr bool F = decltype(full)::value;
+          if (held == 4)
+            return norm_backward_block_held<IO, PIn, POut, F, 4, true>(
+                d, p, blk, g_in, dx_out, x_in, la, lw, staged, tdw, chunk);
+          return norm_backward_block_held<IO, PIn, POut, F, 2, true>(d, p, blk, g_in, dx_out, x_in,
+                                                                     la, lw, staged, tdw, chunk);
+        };
+        return a.full ? take(std::true_type{}) : take(std::false_type{});
+      }
+    }
+#endif
     auto take = [&](auto full) {
       constexpr bool F = decltype(full)::value;
       if (held == 4)
-        return norm_backward_block_held<IO, PIn, POut, F, 4>(d, p, blk, g_in, dx_out, x_in, a, tdw,
-                                                             chunk);
+        return norm_backward_block_held<IO, PIn, POut, F, 4>(d, p, blk, g_in, dx_out, x_in, a, w,
+                                                             staged, tdw, chunk);
       if (held == 2)
-        return norm_backward_block_held<IO, PIn, POut, F, 2>(d, p, blk, g_in, dx_out, x_in, a, tdw,
-                                                             chunk);
-      return norm_backward_block_held<IO, PIn, POut, F, 1>(d, p, blk, g_in, dx_out, x_in, a, tdw,
-                                                           chunk);
+        return norm_backward_block_held<IO, PIn, POut, F, 2>(d, p, blk, g_in, dx_out, x_in, a, w,
+                                                             staged, tdw, chunk);
+      return norm_backward_block_held<IO, PIn, POut, F, 1>(d, p, blk, g_in, dx_out, x_in, a, w,
+                                                           staged, tdw, chunk);
     };
     return a.full ? take(std::true_type{}) : take(std::false_type{});
   }
