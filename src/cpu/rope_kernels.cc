@@ -2645,11 +2645,15 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
   // QK RMSNorm streams when every dim rotates (pass dims are stored one element at a time)
   const bool norm_streams = p.qk_norm && p.rotary_dim == p.head_dim && can_stream<IO>(p);
   if (p.qk_norm && p.backward) {
-    // f16 stores normally: streamed, its backward (norm_backward_block_ahead) measured 2.5 to 3
-    // times slower with the scratch rows at some offsets (mod 4 KiB) from the output, and no
-    // faster at the others (bench --only qk-norm-rope-bwd, f16 out of place, one thread: 60-71
-    // or 22-35 ms streamed, 21-25 ms stored normally); f32 and bf16 streamed did not move
-    if (norm_streams && !std::is_same_v<typename IO::plain, f16_io>) {
+    // f16 without AVX-512 stores normally: streamed, its backward (norm_backward_block_ahead)
+    // measured 2.5 to 3 times slower with the scratch rows at some offsets (mod 4 KiB) from the
+    // output, and no faster at the others (bench --only qk-norm-rope-bwd, f16 out of place, one
+    // thread: 60-71 or 22-35 ms streamed, 21-25 ms stored normally); f32 and bf16 streamed did
+    // not move. Rows held with AVX-512 (norm_backward_block_held) stream f16 too: Intel, two
+    // alternations, 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one / two threads.
+    const auto lanes = static_cast<std::int64_t>(hn::Lanes(df32()));
+    const bool held = lanes >= 16 && held_vectors(p.rotary_dim / 2, lanes) != 0;
+    if (norm_streams && (held || !std::is_same_v<typename IO::plain, f16_io>)) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
       hwy::FlushStream();
     } else {
