@@ -938,6 +938,75 @@ inline int held_vectors(std::int64_t half, std::int64_t lanes) {
   return nv == 1 || nv == 2 || nv == 4 ? static_cast<int>(nv) : 0;
 }
 
+// ---- bf16 halves in lane-pair order (AVX512-BF16) -------------------------------------------
+// A half of a bf16 row taken as u32 lanes widens in one instruction per fp32 vector: the even
+// elements by a shift, the odd ones by a mask (bf16_io::load_pairs), where a widening load
+// takes two (vpmovzxwd and a shift); and the two vectors round back together by one
+// vcvtne2ps2bf16 and one vpermw (bf16_native_io::encode_pairs) where each took a vcvtneps2bf16
+// of two uops. In between, a step of 2n pairs holds the even elements of its 2n first (and
+// second) elements in one fp32 vector and the odd ones in the next: the lane-pair order. The
+// angles and weights are put in that order once per block of heads (lane_pair_ordered).
+#ifdef TILEROPE_NATIVE_BF16
+#define TILEROPE_LANE_PAIRS 1
+
+// 2n floats of each step in lane-pair order: for each 2n from `from`, its even elements, then
+// its odd ones (half a multiple of 2n)
+HWY_INLINE void lane_pair_ordered(df32 d, const float* from, std::int64_t half, float* to) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  for (std::int64_t i = 0; i < half; i += 2 * n) {
+    const vf32 lo = hn::LoadU(d, from + i), hi = hn::LoadU(d, from + i + n);
+    hn::StoreU(hn::ConcatEven(d, hi, lo), d, to + i);
+    hn::StoreU(hn::ConcatOdd(d, hi, lo), d, to + i + n);
+  }
+}
+#endif
+
+// S vectors of pairs from pair index i: one (as `P` lays them out), or with LanePairs two, each
+// half's 2n values from one load
+template <class IO, pairs P, bool LanePairs>
+HWY_INLINE void load_pairs_step(df32 d, const typename IO::storage* x, std::int64_t i,
+                                std::int64_t half, vf32* a, vf32* b) {
+  if constexpr (LanePairs) {
+    IO::load_pairs(d, x + i, a[0], a[1]);
+    IO::load_pairs(d, x + half + i, b[0], b[1]);
+  } else {
+    load_pair<IO, P>(d, x, i, half, a[0], b[0]);
+  }
+}
+
+template <class IO, pairs P, bool LanePairs>
+HWY_INLINE void store_pairs_step(df32 d, const vf32* a, const vf32* b, typename IO::storage* y,
+                                 std::int64_t i, std::int64_t half) {
+  if constexpr (LanePairs) {
+    IO::store_pairs(d, a[0], a[1], y + i);
+    IO::store_pairs(d, b[0], b[1], y + half + i);
+  } else {
+    store_pair<IO, P>(d, a[0], b[0], y, i, half);
+  }
+}
+
+// A row of NV whole vectors of pairs of halves (NV even) in lane-pair order, loaded whole before
+// any of it is stored, through angles in that order
+template <class IO, int NV, class Angles>
+HWY_INLINE void rotate_row_lane_pairs(df32 d, const typename IO::storage* x,
+                                      typename IO::storage* y, const Angles& f, std::int64_t half) {
+  static_assert(NV % 2 == 0);
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr pairs H = pairs::halves;
+  vf32 xa[NV], xb[NV];
+  for (int v = 0; v < NV; v += 2) load_pairs_step<IO, H, true>(d, x, v * n, half, xa + v, xb + v);
+  for (int v = 0; v < NV; v += 2) {
+    vf32 ya[2], yb[2];
+    for (int k = 0; k < 2; ++k) {
+      const vf32 ca = f.ca(v + k), sa = f.sa(v + k);
+      const vf32 cb = Angles::full ? f.cb(v + k) : ca, sb = Angles::full ? f.sb(v + k) : sa;
+      ya[k] = hn::MulSub(xa[v + k], ca, hn::Mul(xb[v + k], sa));
+      yb[k] = hn::MulAdd(xb[v + k], cb, hn::Mul(xa[v + k], sb));
+    }
+    store_pairs_step<IO, H, true>(d, ya, yb, y, v * n, half);
+  }
+}
+
 // A token's angles held in registers across a block's heads: NV vectors of pairs (r/2 = NV
 // lanes), two vectors each, or four for full-width rows.
 template <bool Full, int NV>
@@ -962,7 +1031,9 @@ struct held_angles {
 };
 
 // The heads of one block through held_angles: a row's only loads are its own.
-template <class IO, pairs PIn, pairs POut, bool Full, int NV>
+// LanePairs (bf16 halves with AVX512-BF16, NV even): the rows in lane-pair order, `a` already
+// in it.
+template <class IO, pairs PIn, pairs POut, bool Full, int NV, bool LanePairs = false>
 HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
                                     const typename IO::storage* in, typename IO::storage* out,
                                     const token_angles& a) {
@@ -975,7 +1046,11 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
     T* y = out + h * blk.out_h;
     prefetch_row(x, p.head_dim, p.prefetch_bytes);
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(T));
-    rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, f, half, no_pre{});
+    if constexpr (LanePairs) {
+      rotate_row_lane_pairs<IO, NV>(d, x, y, f, half);
+    } else {
+      rotate_row_vectors<IO, PIn, POut, NV>(d, x, y, f, half, no_pre{});
+    }
   }
 }
 
@@ -1383,6 +1458,25 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   const bool whole = half >= lanes;
   const int held = held_vectors(half, lanes);
   if (lanes >= 16 && held != 0) {
+#ifdef TILEROPE_LANE_PAIRS
+    if constexpr (std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
+                  POut == pairs::halves) {
+      if (held != 1) {                           // the token's angles in lane-pair order
+        float* ordered = angle_rows_scratch(p);  // [4 r/2]
+        auto put = [&](const float* from, float* to) {
+          lane_pair_ordered(d, from, half, to);
+          return to;
+        };
+        const token_angles la{put(a.ca, ordered), put(a.sa, ordered + half),
+                              Full ? put(a.cb, ordered + 2 * half) : ordered,
+                              Full ? put(a.sb, ordered + 3 * half) : ordered + half, Full};
+        if (held == 4) {
+          return rotate_block_held<IO, PIn, POut, Full, 4, true>(d, p, blk, in, out, la);
+        }
+        return rotate_block_held<IO, PIn, POut, Full, 2, true>(d, p, blk, in, out, la);
+      }
+    }
+#endif
     if (held == 4) return rotate_block_held<IO, PIn, POut, Full, 4>(d, p, blk, in, out, a);
     if (held == 2) return rotate_block_held<IO, PIn, POut, Full, 2>(d, p, blk, in, out, a);
     return rotate_block_held<IO, PIn, POut, Full, 1>(d, p, blk, in, out, a);
@@ -2071,53 +2165,6 @@ HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n) {
   }
 #endif
   for (; j < n; ++j) dw[j] += static_cast<double>(t[j]);
-}
-
-// ---- bf16 halves in lane-pair order (AVX512-BF16) -------------------------------------------
-// A half of a bf16 row taken as u32 lanes widens in one instruction per fp32 vector: the even
-// elements by a shift, the odd ones by a mask (bf16_io::load_pairs), where a widening load
-// takes two (vpmovzxwd and a shift); and the two vectors round back together by one
-// vcvtne2ps2bf16 and one vpermw (bf16_native_io::encode_pairs) where each took a vcvtneps2bf16
-// of two uops. In between, a step of 2n pairs holds the even elements of its 2n first (and
-// second) elements in one fp32 vector and the odd ones in the next: the lane-pair order. The
-// angles and weights are put in that order once per block of heads (lane_pair_ordered).
-#ifdef TILEROPE_NATIVE_BF16
-#define TILEROPE_LANE_PAIRS 1
-
-// 2n floats of each step in lane-pair order: for each 2n from `from`, its even elements, then
-// its odd ones (half a multiple of 2n)
-HWY_INLINE void lane_pair_ordered(df32 d, const float* from, std::int64_t half, float* to) {
-  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  for (std::int64_t i = 0; i < half; i += 2 * n) {
-    const vf32 lo = hn::LoadU(d, from + i), hi = hn::LoadU(d, from + i + n);
-    hn::StoreU(hn::ConcatEven(d, hi, lo), d, to + i);
-    hn::StoreU(hn::ConcatOdd(d, hi, lo), d, to + i + n);
-  }
-}
-#endif
-
-// S vectors of pairs from pair index i: one (as `P` lays them out), or with LanePairs two, each
-// half's 2n values from one load
-template <class IO, pairs P, bool LanePairs>
-HWY_INLINE void load_pairs_step(df32 d, const typename IO::storage* x, std::int64_t i,
-                                std::int64_t half, vf32* a, vf32* b) {
-  if constexpr (LanePairs) {
-    IO::load_pairs(d, x + i, a[0], a[1]);
-    IO::load_pairs(d, x + half + i, b[0], b[1]);
-  } else {
-    load_pair<IO, P>(d, x, i, half, a[0], b[0]);
-  }
-}
-
-template <class IO, pairs P, bool LanePairs>
-HWY_INLINE void store_pairs_step(df32 d, const vf32* a, const vf32* b, typename IO::storage* y,
-                                 std::int64_t i, std::int64_t half) {
-  if constexpr (LanePairs) {
-    IO::store_pairs(d, a[0], a[1], y + i);
-    IO::store_pairs(d, b[0], b[1], y + half + i);
-  } else {
-    store_pair<IO, P>(d, a[0], b[0], y, i, half);
-  }
 }
 
 // Backward of QK RMSNorm + RoPE for one block of one token whose rows are NV whole vectors of
