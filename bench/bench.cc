@@ -49,6 +49,8 @@ struct buffer {
     data.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (n + 63) / 64 * 64)));
     std::memset(data.get(), 0, n);
   }
+  // n bytes at `at`, owned elsewhere
+  buffer(unsigned char* at, std::size_t n) : data(at, [](void*) {}), bytes(n) {}
   template <class T>
   T* as() const {
     return reinterpret_cast<T*>(data.get());
@@ -440,13 +442,16 @@ void fill(const buffer& b, dtype t, std::uint32_t seed) {
   }
 }
 
+// q and k in their own allocations, or at q_at and k_at (memory owned elsewhere) when given.
 problem make_problem(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int threads,
-                     bool with_baseline) {
+                     bool with_baseline, unsigned char* q_at = nullptr,
+                     unsigned char* k_at = nullptr) {
   problem p;
   const std::int64_t T = s.T, Hq = s.Hq, Hk = s.Hk, D = s.D, half = D / 2;
   const std::size_t es = size_of(t);
   const std::size_t q_bytes = T * Hq * D * es, k_bytes = T * Hk * D * es;
-  auto q = hold(p, buffer(q_bytes)), k = hold(p, buffer(k_bytes));
+  auto q = hold(p, q_at != nullptr ? buffer(q_at, q_bytes) : buffer(q_bytes));
+  auto k = hold(p, k_at != nullptr ? buffer(k_at, k_bytes) : buffer(k_bytes));
   auto qo = hold(p, buffer(inplace ? 16 : q_bytes)), ko = hold(p, buffer(inplace ? 16 : k_bytes));
   fill(*q, t, 1);
   fill(*k, t, 2);
@@ -828,7 +833,10 @@ int run_bench(const bench_options& o) {
   }
   // linearity: time per element of rope-neox bf16 in place, one thread, T = 1024 .. 32768,
   // every length (and its ceiling) timed once per round, so that all see the same machine;
-  // twice the rounds of a row (a single row's median moved by 2x between runs)
+  // twice the rounds of a row (a single row's median moved by 2x between runs). Every length's
+  // q and k are the first bytes of the same two regions of one allocation, so that the lengths
+  // share their memory (on the Intel machine a loop over one allocation ran up to a fifth
+  // faster or slower than over another of the same size)
   std::vector<std::int64_t> lengths = {1024, 4096, 8192, 32768};
   if (o.quick) lengths = {1024, 8192};
   if (o.only.empty() || std::string("rope-neox-scale").find(o.only) != std::string::npos) {
@@ -836,10 +844,12 @@ int run_bench(const bench_options& o) {
     std::vector<shape_case> shapes;
     std::vector<problem> problems;
     std::vector<std::function<void()>> fns;
+    const std::size_t q_most = lengths.back() * 32 * 128 * 2, k_most = lengths.back() * 8 * 128 * 2;
+    const buffer arena(q_most + k_most);
     for (std::int64_t T : lengths) {
       shapes.push_back({"linear", T, 32, 8, 128});
-      problems.push_back(
-          make_problem(kernel_kind::rope_neox, shapes.back(), dtype::bf16, true, 1, false));
+      problems.push_back(make_problem(kernel_kind::rope_neox, shapes.back(), dtype::bf16, true, 1,
+                                      false, arena.data.get(), arena.data.get() + q_most));
       fns.push_back(problems.back().run);
       fns.push_back(ceil.loop(problems.back(), 1));
     }
