@@ -2173,18 +2173,17 @@ HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n) {
 //     sums:   dh = rope_backward(g) (staged in fp32, in L1),  r = 1 / sqrt(x.x / D + eps),
 //             coef = r^3 (w dh).x / D
 //     apply:  x read again (from L1),  dx = w (r dh) - coef x,  dw += (r dh) x
-// The sums run `ahead` = 2 rows before the apply, in the same pass over the heads: row h is
-// applied with the r and coef found while row h - 2 was, so the chain from a row's loads to its
-// r and coef (two sums, their lane reductions, a square root and a division) overlaps other
-// rows' work. Each row applied as soon as its own sums were done (its dh and x held in
-// registers), the work waiting on that chain filled the scheduler and rows barely overlapped.
-// The dw terms stay in registers across the block's heads. Intel, one thread, 32 + 8 heads of
-// 128, in place, min ns per element: bf16 in L2 (T = 8) 0.275-0.282 to 0.221-0.224 (with
-// LanePairs; f32 and f16 even); bench --only qk-norm-rope-bwd, Qwen3-8B, two alternations,
-// bf16 0.74 / 0.68 to 0.79 / 0.75 of the ceiling at one / two threads in place, 0.70 / 0.66 to
-// 0.80 / 0.76 out of place, f32 and f16 within the spread.
-// LanePairs (bf16 halves with AVX512-BF16, NV even): the rows in lane-pair order, `a` and the
-// weights `w` (wa in ca, wb in sa) already in it.
+// The sums run `ahead` = 2 rows before the apply, in the same pass over the heads: row h's sums
+// are taken just before row h - 2 is applied, so the chain from a row's loads to its r and coef
+// (two sums, their lane reductions, a square root and a division) overlaps other rows' work. Each
+// row applied as soon as its own sums were done (its dh and x held in registers), the work waiting
+// on that chain filled the scheduler and rows barely overlapped. The dw terms stay in registers
+// across the block's heads. Intel, one thread, 32 + 8 heads of 128, in place, min ns per element:
+// bf16 in L2 (T = 8) 0.274-0.288 to 0.221-0.224 (with LanePairs; f32 and f16 even); bench --only
+// qk-norm-rope-bwd, Qwen3-8B, two alternations, bf16 0.74 / 0.68 to 0.79 / 0.75 of the ceiling at
+// one / two threads in place, 0.70 / 0.66 to 0.80 / 0.76 out of place, f32 and f16 within the
+// spread. LanePairs (bf16 halves with AVX512-BF16, NV even): the rows in lane-pair order, `a` and
+// the weights `w` (wa in ca, wb in sa) already in it.
 template <class IO, pairs PIn, pairs POut, bool Full, int NV, bool LanePairs = false>
 HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const head_block& blk,
                                            const typename IO::storage* g_in,
