@@ -311,10 +311,11 @@ std::unique_ptr<unsigned char, void (*)(void*)> aligned_bytes(std::size_t bytes)
 }
 
 // Large out-of-place calls with aligned outputs take streaming stores: the result must be
-// the in-place result, bit for bit (sizes past the streaming threshold, 64-byte aligned), for
-// halves, adjacent pairs (f32 interleaved in registers on AVX-512), the split-half output and
-// its backward, and QK RMSNorm + RoPE; head dim 128, and 80 (on AVX-512 rows taken in output
-// order, whose stores are the row's own vectors).
+// the in-place result, bit for bit (sizes past the streaming threshold, 64-byte aligned, and 32
+// bytes past that: a vector of 16-bit halves aligned, two not), for halves, adjacent pairs (f32
+// interleaved in registers on AVX-512), the split-half output and its backward, and QK RMSNorm +
+// RoPE; head dim 128, and 80 (on AVX-512 rows taken in output order, whose stores are the row's
+// own vectors).
 TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
   const std::int64_t Hq = 32, Hk = 8;
   struct config {
@@ -329,16 +330,21 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
         config{rope_style::gptj, split, false, false}, config{rope_style::gptj, split, true, false},
         config{rope_style::neox, as_input, false, true},
         config{rope_style::gptj, split, false, true}}) {
-    for (auto [t, D] : std::vector<std::pair<dtype, std::int64_t>>{{dtype::f32, 128},
-                                                                   {dtype::f16, 128},
-                                                                   {dtype::bf16, 128},
-                                                                   {dtype::f32, 80},
-                                                                   {dtype::f16, 80},
-                                                                   {dtype::bf16, 80}}) {
+    for (auto [t, D, shift] :
+         std::vector<std::tuple<dtype, std::int64_t, std::size_t>>{{dtype::f32, 128, 0},
+                                                                   {dtype::f16, 128, 0},
+                                                                   {dtype::bf16, 128, 0},
+                                                                   {dtype::f32, 80, 0},
+                                                                   {dtype::f16, 80, 0},
+                                                                   {dtype::bf16, 80, 0},
+                                                                   {dtype::f16, 128, 32},
+                                                                   {dtype::bf16, 128, 32}}) {
       const std::int64_t T = D == 128 ? 1100 : 1400;  // past the streaming threshold (8 MiB)
       const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
-      auto q = aligned_bytes(qn * es), k = aligned_bytes(kn * es), qo = aligned_bytes(qn * es),
-           ko = aligned_bytes(kn * es);
+      auto q = aligned_bytes(qn * es), k = aligned_bytes(kn * es);
+      auto qo_buffer = aligned_bytes(qn * es + shift), ko_buffer = aligned_bytes(kn * es + shift);
+      unsigned char* qo = qo_buffer.get() + shift;
+      unsigned char* ko = ko_buffer.get() + shift;
       std::mt19937 rng(11);
       std::normal_distribution<double> normal;
       for (std::size_t i = 0; i < qn; ++i) store_from_f64(q.get(), t, i, normal(rng));
@@ -362,8 +368,8 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
       rope_tensors out;
       out.q = tensor_view::contiguous(q.get(), t, {T, Hq, D});
       out.k = tensor_view::contiguous(k.get(), t, {T, Hk, D});
-      out.q_out = tensor_view::contiguous(qo.get(), t, {T, Hq, D});
-      out.k_out = tensor_view::contiguous(ko.get(), t, {T, Hk, D});
+      out.q_out = tensor_view::contiguous(qo, t, {T, Hq, D});
+      out.k_out = tensor_view::contiguous(ko, t, {T, Hk, D});
       apply(out);
       rope_tensors in;
       in.q = out.q;
@@ -372,9 +378,10 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
       const std::string what = std::string(to_string(c.style)) + " " + std::string(to_string(t)) +
                                " split " + std::to_string(c.layout == split) + " backward " +
                                std::to_string(c.backward) + " qk_norm " +
-                               std::to_string(c.qk_norm) + " D " + std::to_string(D);
-      EXPECT_EQ(std::memcmp(q.get(), qo.get(), qn * es), 0) << what;
-      EXPECT_EQ(std::memcmp(k.get(), ko.get(), kn * es), 0) << what;
+                               std::to_string(c.qk_norm) + " D " + std::to_string(D) + " shift " +
+                               std::to_string(shift);
+      EXPECT_EQ(std::memcmp(q.get(), qo, qn * es), 0) << what;
+      EXPECT_EQ(std::memcmp(k.get(), ko, kn * es), 0) << what;
     }
   }
 }
@@ -388,10 +395,18 @@ TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
   for (const auto [style, layout] :
        {std::pair{rope_style::neox, as_input}, std::pair{rope_style::gptj, as_input},
         std::pair{rope_style::gptj, split}}) {
-    for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    for (auto [t, shift] : std::vector<std::pair<dtype, std::size_t>>{{dtype::f32, 0},
+                                                                      {dtype::f16, 0},
+                                                                      {dtype::bf16, 0},
+                                                                      {dtype::f16, 32},
+                                                                      {dtype::bf16, 32}}) {
       const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
       auto xq = aligned_bytes(qn * es), xk = aligned_bytes(kn * es), gq = aligned_bytes(qn * es);
-      auto gk = aligned_bytes(kn * es), dq = aligned_bytes(qn * es), dk = aligned_bytes(kn * es);
+      auto gk = aligned_bytes(kn * es);
+      // dx 64-byte aligned, or 32 bytes past (a vector of 16-bit halves aligned, two not)
+      auto dq_buffer = aligned_bytes(qn * es + shift), dk_buffer = aligned_bytes(kn * es + shift);
+      unsigned char* dq = dq_buffer.get() + shift;
+      unsigned char* dk = dk_buffer.get() + shift;
       std::mt19937 rng(13);
       std::normal_distribution<double> normal;
       for (auto* b : {&xq, &gq}) {
@@ -416,8 +431,8 @@ TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
         g.dq_out = tensor_view::contiguous(gq.get(), t, {T, Hq, D});
         g.dk_out = tensor_view::contiguous(gk.get(), t, {T, Hk, D});
         if (!inplace) {
-          g.dq = tensor_view::contiguous(dq.get(), t, {T, Hq, D});
-          g.dk = tensor_view::contiguous(dk.get(), t, {T, Hk, D});
+          g.dq = tensor_view::contiguous(dq, t, {T, Hq, D});
+          g.dk = tensor_view::contiguous(dk, t, {T, Hk, D});
         }
         g.dq_weight = tensor_view::contiguous(dw[inplace][0].data(), dtype::f32, {D});
         g.dk_weight = tensor_view::contiguous(dw[inplace][1].data(), dtype::f32, {D});
@@ -425,9 +440,10 @@ TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
                               rope_angles::from_theta(1e6), norm, o);
       }
       const std::string what = std::string(to_string(style)) + " " + std::string(to_string(t)) +
-                               " split " + std::to_string(layout == split);
-      EXPECT_EQ(std::memcmp(gq.get(), dq.get(), qn * es), 0) << what;
-      EXPECT_EQ(std::memcmp(gk.get(), dk.get(), kn * es), 0) << what;
+                               " split " + std::to_string(layout == split) + " shift " +
+                               std::to_string(shift);
+      EXPECT_EQ(std::memcmp(gq.get(), dq, qn * es), 0) << what;
+      EXPECT_EQ(std::memcmp(gk.get(), dk, kn * es), 0) << what;
       EXPECT_EQ(dw[0][0], dw[1][0]) << what;
       EXPECT_EQ(dw[0][1], dw[1][1]) << what;
     }
