@@ -959,6 +959,17 @@ HWY_INLINE void lane_pair_ordered(df32 d, const float* from, std::int64_t half, 
     hn::StoreU(hn::ConcatOdd(d, hi, lo), d, to + i + n);
   }
 }
+
+// The token's angles in lane-pair order, in `rows` (4 r/2 floats; 2 r/2 unless full)
+HWY_INLINE token_angles lane_pair_angles(df32 d, const token_angles& a, std::int64_t half,
+                                         float* rows) {
+  lane_pair_ordered(d, a.ca, half, rows);
+  lane_pair_ordered(d, a.sa, half, rows + half);
+  if (!a.full) return token_angles{rows, rows + half, rows, rows + half};
+  lane_pair_ordered(d, a.cb, half, rows + 2 * half);
+  lane_pair_ordered(d, a.sb, half, rows + 3 * half);
+  return token_angles{rows, rows + half, rows + 2 * half, rows + 3 * half, true};
+}
 #endif
 
 // S vectors of pairs from pair index i: one (as `P` lays them out), or with LanePairs two, each
@@ -980,55 +991,47 @@ HWY_INLINE void load_pairs_step(df32 d, const typename IO::storage* x, std::int6
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// 2n 16-bit values (one full vector) to p: stored, or streamed whole where p is aligned to them,
+// else as two halves (can_stream checks n)
+template <class IO>
+HWY_INLINE void store_2n(hn::Vec<hn::Repartition<std::uint16_t, df32>> v, typename IO::storage* p) {
+  const hn::Repartition<std::uint16_t, df32> d16;
+  const hn::Half<decltype(d16)> dn;
+  if constexpr (std::is_same_v<IO, typename IO::plain>) {
+    hn::StoreU(v, d16, p);
+  } else if (reinterpret_cast<std::uintptr_t>(p) % (hn::Lanes(d16) * sizeof(*p)) == 0) {
+    hn::Stream(v, d16, p);  // whole lines
+  } else {
+    hn::Stream(hn::LowerHalf(dn, v), dn, p);
+    hn::Stream(hn::UpperHalf(dn, v), dn, p + hn::Lanes(dn));
+  }
+}
+#endif
+
 template <class IO, pairs P, bool LanePairs, bool Wide = false>
 HWY_INLINE void store_pairs_step(df32 d, const vf32* a, const vf32* b, typename IO::storage* y,
                                  std::int64_t i, std::int64_t half) {
 #if HWY_TARGET != HWY_SCALAR
-  if constexpr (Wide) {
-    hn::Vec<typename IO::out_tag> ea0, ea1, eb0, eb1;
-    IO::encode_halves(d, a[0], b[0], ea0, eb0);
-    IO::encode_halves(d, a[1], b[1], ea1, eb1);
+  if constexpr (Wide || LanePairs) {
     const hn::Repartition<std::uint16_t, df32> d16;
-    const auto wa = hn::Combine(d16, ea1, ea0), wb = hn::Combine(d16, eb1, eb0);
-    if constexpr (std::is_same_v<IO, typename IO::plain>) {
-      hn::StoreU(wa, d16, y + i);
-      hn::StoreU(wb, d16, y + half + i);
-    } else if (reinterpret_cast<std::uintptr_t>(y + i) % 64 == 0 && (half * 2) % 64 == 0) {
-      hn::Stream(wa, d16, y + i);  // whole lines
-      hn::Stream(wb, d16, y + half + i);
-    } else {  // n at a time (can_stream checks n)
-      const typename IO::out_tag dn;
-      hn::Stream(ea0, dn, y + i);
-      hn::Stream(ea1, dn, y + i + hn::Lanes(d));
-      hn::Stream(eb0, dn, y + half + i);
-      hn::Stream(eb1, dn, y + half + i + hn::Lanes(d));
+    hn::Vec<decltype(d16)> wa, wb;
+    if constexpr (Wide) {
+      hn::Vec<typename IO::out_tag> ea0, ea1, eb0, eb1;
+      IO::encode_halves(d, a[0], b[0], ea0, eb0);
+      IO::encode_halves(d, a[1], b[1], ea1, eb1);
+      wa = hn::Combine(d16, ea1, ea0);
+      wb = hn::Combine(d16, eb1, eb0);
+    } else {
+      wa = hn::BitCast(d16, IO::encode_pairs(d, a[0], a[1]));
+      wb = hn::BitCast(d16, IO::encode_pairs(d, b[0], b[1]));
     }
+    store_2n<IO>(wa, y + i);
+    store_2n<IO>(wb, y + half + i);
     return;
   }
 #endif
-  if constexpr (LanePairs) {
-    if constexpr (std::is_same_v<IO, typename IO::plain>) {
-      IO::store_pairs(d, a[0], a[1], y + i);
-      IO::store_pairs(d, b[0], b[1], y + half + i);
-    } else {  // streamed: whole vectors where aligned to one, else halves (can_stream checks n)
-#if HWY_TARGET != HWY_SCALAR
-      const hn::Repartition<std::uint16_t, df32> d16;
-      const hn::Half<decltype(d16)> dn;
-      for (const auto& [e, at] : {std::pair{IO::encode_pairs(d, a[0], a[1]), y + i},
-                                  std::pair{IO::encode_pairs(d, b[0], b[1]), y + half + i}}) {
-        const auto v = hn::BitCast(d16, e);
-        if (reinterpret_cast<std::uintptr_t>(at) % (2 * hn::Lanes(dn) * sizeof(*at)) == 0) {
-          hn::Stream(v, d16, at);
-        } else {
-          hn::Stream(hn::LowerHalf(dn, v), dn, at);
-          hn::Stream(hn::UpperHalf(dn, v), dn, at + hn::Lanes(dn));
-        }
-      }
-#endif
-    }
-  } else {
-    store_pair<IO, P>(d, a[0], b[0], y, i, half);
-  }
+  store_pair<IO, P>(d, a[0], b[0], y, i, half);
 }
 
 // A row of NV whole vectors of pairs of halves (NV even) in lane-pair order, loaded whole before
@@ -1507,15 +1510,8 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
 #ifdef TILEROPE_LANE_PAIRS
     if constexpr (std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
                   POut == pairs::halves) {
-      if (held != 1) {                           // the token's angles in lane-pair order
-        float* ordered = angle_rows_scratch(p);  // [4 r/2]
-        auto put = [&](const float* from, float* to) {
-          lane_pair_ordered(d, from, half, to);
-          return to;
-        };
-        const token_angles la{put(a.ca, ordered), put(a.sa, ordered + half),
-                              Full ? put(a.cb, ordered + 2 * half) : ordered,
-                              Full ? put(a.sb, ordered + 3 * half) : ordered + half, Full};
+      if (held != 1) {
+        const token_angles la = lane_pair_angles(d, a, half, angle_rows_scratch(p));
         if (held == 4) {
           return rotate_block_held<IO, PIn, POut, Full, 4, true>(d, p, blk, in, out, la);
         }
@@ -2551,6 +2547,12 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
 // the rest (partial rotary, r/2 not a multiple of the lanes, AVX-512 rows over 4 vectors) come
 // here.
 
+// How many whole vectors of pairs a backward row held in registers has (norm_backward_block_held:
+// 32 vector registers, every dim rotated), else 0.
+inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
+  return lanes >= 16 && p.rotary_dim == p.head_dim ? held_vectors(p.rotary_dim / 2, lanes) : 0;
+}
+
 template <class IO, pairs PIn, pairs POut>
 HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block& blk,
                                     const typename IO::storage* g_in, typename IO::storage* dx_out,
@@ -2562,7 +2564,7 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   constexpr std::int64_t group = norm_group;
   float* tdw = rows + 2 * group * D;
   // rows of 1, 2 or 4 whole vectors of pairs with 32 vector registers: held in registers
-  const int held = lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
+  const int held = norm_backward_held_vectors(p, lanes);
   if (held != 0) {
     const token_angles w{blk.weight_a, blk.weight_b, blk.weight_a, blk.weight_b};
     float* staged = rows + 3 * D;  // [3 D] dh of the rows in flight
@@ -2571,14 +2573,10 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
                   POut == pairs::halves) {
       if (held != 1) {          // the token's angles and the block's weights in lane-pair order
         float* ordered = rows;  // [4 r/2] angles, [2 r/2] weights
-        auto put = [&](const float* from, float* to) {
-          lane_pair_ordered(d, from, half, to);
-          return to;
-        };
-        const token_angles la{put(a.ca, ordered), put(a.sa, ordered + half),
-                              a.full ? put(a.cb, ordered + 2 * half) : ordered,
-                              a.full ? put(a.sb, ordered + 3 * half) : ordered + half, a.full};
-        const token_angles lw{put(w.ca, ordered + 4 * half), put(w.sa, ordered + 5 * half)};
+        const token_angles la = lane_pair_angles(d, a, half, ordered);
+        lane_pair_ordered(d, w.ca, half, ordered + 4 * half);
+        lane_pair_ordered(d, w.sa, half, ordered + 5 * half);
+        const token_angles lw{ordered + 4 * half, ordered + 5 * half};
         auto take = [&](auto full) {
           constexpr bool F = decltype(full)::value;
           if (held == 4)
@@ -2749,8 +2747,8 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
     // thread: 60-71 or 22-35 ms streamed, 21-25 ms stored normally); f32 and bf16 streamed did
     // not move. Rows held with AVX-512 (norm_backward_block_held) stream f16 too: Intel, two
     // alternations, 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one / two threads.
-    const auto lanes = static_cast<std::int64_t>(hn::Lanes(df32()));
-    const bool held = lanes >= 16 && held_vectors(p.rotary_dim / 2, lanes) != 0;
+    const bool held =
+        norm_backward_held_vectors(p, static_cast<std::int64_t>(hn::Lanes(df32()))) != 0;
     if (norm_streams && (held || !std::is_same_v<typename IO::plain, f16_io>)) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
       hwy::FlushStream();
