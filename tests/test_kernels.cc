@@ -724,6 +724,35 @@ TEST(Kernels, QkNormSameRowInEveryHeadGivesSameBits) {
   }
 }
 
+// QK RMSNorm + RoPE of heads wider than the sweep's: head dims 320 and 512, whose fp32
+// weights (with gptj's pairs taken apart) no longer fit the call's own storage, forward and
+// backward, in place and out of place.
+TEST(Kernels, QkNormWideHeadsMatchGolden) {
+  std::uint64_t seed = 1300;
+  for (auto t : {dtype::f32, dtype::bf16}) {
+    for (int d : {320, 512}) {
+      for (auto style : {rope_style::neox, rope_style::gptj}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          rope_case c;
+          c.name = "qknorm-wide";
+          c.qk_norm = true;
+          c.style = style;
+          c.x_type = t;
+          c.head_dim = d;
+          c.tokens = 3;
+          c.q_heads = 5;
+          c.k_heads = 2;
+          c.inplace = variant != 1;
+          c.backward = variant == 2;
+          c.seed = seed++;
+          const auto res = cli::run_case(c);
+          EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " v=" << variant;
+        }
+      }
+    }
+  }
+}
+
 // QK RMSNorm + RoPE: 1 and 2 threads give identical outputs; the weight gradients agree to
 // fp64 summation order.
 TEST(Kernels, QkNormThreadsAgree) {

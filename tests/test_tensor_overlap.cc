@@ -82,6 +82,29 @@ TEST(Overlap, SelfOverlapAndSameView) {
   EXPECT_FALSE(views_share_memory(a, tensor_view::contiguous(nullptr, dtype::f32, {0, 8})));
 }
 
+// Views whose rows nest in their own order of dims are decided without sorting; views that do
+// not (a stride short of the span inside it, negative or zero strides, dims out of order) are
+// sorted and decided as before. Both answers, at the boundary, in two element sizes.
+TEST(Overlap, SelfOverlapInTheViewsOwnOrder) {
+  float buf[64];
+  // rows of 4 touching end to start, and one element short of it
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f32, {3, 4}, {4, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {3, 4}, {3, 1})));
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f16, {3, 4}, {4, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f16, {3, 4}, {3, 1})));
+  // the outer stride must clear the span of both inner dims (4 + 2 * 4 = 12)
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f32, {2, 3, 4}, {12, 4, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {2, 3, 4}, {11, 4, 1})));
+  // a size-1 dim's stride is never used
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f32, {3, 1, 4}, {4, 0, 1})));
+  // a negative stride: the same rows mirrored
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf + 8, dtype::f32, {3, 4}, {-4, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf + 8, dtype::f32, {3, 4}, {-3, 1})));
+  // dims out of order: rows 2i + 8j of 2 elements tile [0, 24) once; one more element meets
+  EXPECT_FALSE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 3, 2}, {2, 8, 1})));
+  EXPECT_TRUE(view_overlaps_itself(tensor_view(buf, dtype::f32, {4, 3, 3}, {2, 8, 1})));
+}
+
 TEST(Overlap, ByteExtents) {
   float buf[64];
   const auto at = [&](const float* p) {

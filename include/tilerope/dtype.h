@@ -22,11 +22,25 @@ std::string_view to_string(dtype t);
 /// Throws tilerope::error for any other name.
 dtype dtype_from_string(std::string_view name);
 
-/// Bytes per element.
-std::size_t size_of(dtype t);
+/// Bytes per element (0 for a value outside the enum).
+constexpr std::size_t size_of(dtype t) {
+  switch (t) {
+    case dtype::f32:
+    case dtype::i32:
+      return 4;
+    case dtype::f16:
+    case dtype::bf16:
+      return 2;
+    case dtype::i64:
+      return 8;
+  }
+  return 0;
+}
 
 /// True for f32, f16, bf16.
-bool is_floating(dtype t);
+constexpr bool is_floating(dtype t) {
+  return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16;
+}
 
 /// IEEE binary16, stored as its bit pattern.
 struct f16 {

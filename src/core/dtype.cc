@@ -33,24 +33,6 @@ dtype dtype_from_string(std::string_view name) {
   throw error("dtype '" + std::string(name) + "' is not one of f32, f16, bf16, i32, i64");
 }
 
-std::size_t size_of(dtype t) {
-  switch (t) {
-    case dtype::f32:
-      return 4;
-    case dtype::f16:
-      return 2;
-    case dtype::bf16:
-      return 2;
-    case dtype::i32:
-      return 4;
-    case dtype::i64:
-      return 8;
-  }
-  return 0;
-}
-
-bool is_floating(dtype t) { return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16; }
-
 namespace {
 std::uint32_t bits_of(float x) {
   std::uint32_t u;

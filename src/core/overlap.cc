@@ -111,19 +111,6 @@ bool overlap_from(const byte_layout& a, int da, std::int64_t a0, const byte_layo
 
 }  // namespace
 
-byte_span byte_extent(const tensor_view& v) {
-  const auto es = static_cast<std::int64_t>(size_of(v.type));
-  byte_span s;
-  s.lo = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(v.data));
-  s.hi = s.lo + es;
-  for (int i = 0; i < v.rank; ++i) {
-    if (v.shape[i] == 0) return {s.lo, s.lo};
-    const std::int64_t reach = (v.shape[i] - 1) * v.strides[i] * es;
-    (reach < 0 ? s.lo : s.hi) += reach;
-  }
-  return s;
-}
-
 bool views_share_memory(const tensor_view& a, const tensor_view& b) {
   // apart (or empty): the common case, decided cheaply
   if (!spans_meet(byte_extent(a), byte_extent(b))) return false;
@@ -131,8 +118,26 @@ bool views_share_memory(const tensor_view& a, const tensor_view& b) {
   return overlap_from(la, 0, la.base, lb, 0, lb.base);
 }
 
+namespace {
+// Rows distinct in the view's own order of dims: each stride (all positive) clears the span of
+// the dims inside it. Contiguous views and their slices are, decided without sorting (every
+// call checks its outputs; decode calls are short).
+bool nested_in_order(const tensor_view& v) {
+  const auto es = static_cast<std::int64_t>(size_of(v.type));
+  std::int64_t inner = v.shape[v.rank - 1] * es;  // bytes spanned by the dims inside dim i
+  for (int i = v.rank - 2; i >= 0; --i) {
+    if (v.shape[i] == 1) continue;
+    const std::int64_t s = v.strides[i] * es;
+    if (s < inner) return false;
+    inner += s * (v.shape[i] - 1);
+  }
+  return true;
+}
+}  // namespace
+
 bool view_overlaps_itself(const tensor_view& v) {
   if (v.numel() <= 1) return false;
+  if (nested_in_order(v)) return false;
   const byte_layout l = layout_of(v);
   // Sorted by stride, rows are distinct when every stride clears the span of the dims inside
   // it: the common case, decided at once.

@@ -5,11 +5,23 @@
 
 namespace tilerope::detail {
 
-// [lo, hi): the bytes any element of a view may touch; empty (lo = hi) for no elements.
+// [lo, hi): the bytes any element of a view may touch; empty (lo = hi) for no elements. Left
+// unset by default: every call fills arrays of them (decode calls are short).
 struct byte_span {
-  std::int64_t lo = 0, hi = 0;
+  std::int64_t lo, hi;
 };
-byte_span byte_extent(const tensor_view& v);
+inline byte_span byte_extent(const tensor_view& v) {
+  const auto es = static_cast<std::int64_t>(size_of(v.type));
+  byte_span s;
+  s.lo = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(v.data));
+  s.hi = s.lo + es;
+  for (int i = 0; i < v.rank; ++i) {
+    if (v.shape[i] == 0) return {s.lo, s.lo};
+    const std::int64_t reach = (v.shape[i] - 1) * v.strides[i] * es;
+    (reach < 0 ? s.lo : s.hi) += reach;
+  }
+  return s;
+}
 
 // Spans that share no byte cannot overlap: the cheap test before views_share_memory.
 inline bool spans_meet(byte_span a, byte_span b) {

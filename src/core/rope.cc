@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 
@@ -214,22 +215,21 @@ struct x_names {
 };
 
 void check_k(const tensor_view& k, const tensor_view& q, const x_names& n) {
-  const std::string kn = n.k, qn = n.q;
   check_x(n.k, k);
   check_same_dtype(n.k, k, q, n.q);
   if (k.rank != q.rank) {
-    throw error(kn + " rank (" + num(k.rank) + ") " + k.shape_string() + " must equal " + qn +
-                " rank (" + num(q.rank) + ") " + q.shape_string());
+    throw error(std::string(n.k) + " rank (" + num(k.rank) + ") " + k.shape_string() +
+                " must equal " + n.q + " rank (" + num(q.rank) + ") " + q.shape_string());
   }
   for (int i = 0; i + 2 < q.rank; ++i) {
     if (k.shape[i] != q.shape[i]) {
-      throw error(kn + " token dims " + k.shape_string() + " must match " + qn + " " +
-                  q.shape_string() + " in every dim but heads");
+      throw error(std::string(n.k) + " token dims " + k.shape_string() + " must match " + n.q +
+                  " " + q.shape_string() + " in every dim but heads");
     }
   }
   if (k.shape[k.rank - 1] != q.shape[q.rank - 1]) {
-    throw error(kn + " head_dim (" + num(k.shape[k.rank - 1]) + ") must equal " + qn +
-                " head_dim (" + num(q.shape[q.rank - 1]) + ")");
+    throw error(std::string(n.k) + " head_dim (" + num(k.shape[k.rank - 1]) + ") must equal " +
+                n.q + " head_dim (" + num(q.shape[q.rank - 1]) + ")");
   }
 }
 
@@ -480,8 +480,15 @@ struct plan_storage {
   std::vector<double> inv_freq;
   std::vector<float> inv_freq_f32;
   // per block (q, k): the norm weight [head_dim] in fp32, then its r/2 pairs' first and second
-  // weights where they are not already its two halves (gptj); one allocation, not cleared
-  std::unique_ptr<float[]> weights;
+  // weights where they are not already its two halves (gptj); in `weights_here` (not cleared)
+  // when they fit, as they do up to head_dim 256, else one allocation
+  float* weights(std::size_t n) {
+    if (n <= std::size(weights_here)) return weights_here;
+    weights_heap.reset(new float[n]);
+    return weights_heap.get();
+  }
+  float weights_here[1024];
+  std::unique_ptr<float[]> weights_heap;
   std::vector<double> weight_grad[2];
 };
 
@@ -670,10 +677,10 @@ void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan, plan_st
   const std::int64_t D = plan.head_dim, half = plan.rotary_dim / 2;
   const bool adjacent = plan.style == rope_style::gptj;
   const std::int64_t per_block = D + (adjacent ? 2 * half : 0);
-  st.weights.reset(new float[static_cast<std::size_t>(plan.num_blocks * per_block)]);
+  float* const weights = st.weights(static_cast<std::size_t>(plan.num_blocks * per_block));
   const tensor_view* given[2] = {&norm.q_weight, has_k ? &*norm.k_weight : nullptr};
   for (int k = 0; k < plan.num_blocks; ++k) {
-    float* w = st.weights.get() + k * per_block;
+    float* w = weights + k * per_block;
     weight_as_f32(k == 0 ? "q_weight" : "k_weight", *given[k], D, w);
     detail::head_block& b = plan.blocks[k];
     b.weight = w;

@@ -1597,29 +1597,36 @@ float* run_scratch(const rope_plan& p) {
 
 // Tokens [first, last): the angles once per token (into `angle_scratch` when they need it;
 // MRoPE's for a run of tokens at a time, above), then fn(b, s, angles, block, in, out) for q's
-// and k's heads of the token, in and out pointing at its first head row. No software
-// prefetch: the hardware prefetchers follow these streams, and prefetching the rows two tokens
-// ahead measured slower (docs/benchmarks.md), as did prefetching MRoPE's table rows.
+// and k's heads of the token, in and out pointing at its first head row. Tokens taken one at a
+// time set up no array of runs (its 64 entries were 7% of the samples of a call of one token
+// of 1 + 1 heads). No software prefetch: the hardware prefetchers follow these streams, and
+// prefetching the rows two tokens ahead measured slower (docs/benchmarks.md), as did
+// prefetching MRoPE's table rows.
 template <class T, class Fn>
 HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int64_t last,
                                float* angle_scratch, Fn&& fn) {
-  const bool runs = gathers_angles_in_runs(p) && last - first > 1;
-  const std::int64_t run_length = runs ? angle_run : 1;
-  float* slots = runs ? run_scratch(p) : angle_scratch;
+  auto blocks_of = [&](std::int64_t token, const token_angles& a) {
+    const std::int64_t b = token / p.seq, s = token % p.seq;
+    for (int k = 0; k < p.num_blocks; ++k) {
+      const head_block& blk = p.blocks[k];
+      fn(b, s, a, blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
+         static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
+    }
+  };
+  if (!gathers_angles_in_runs(p) || last - first == 1) {
+    for (std::int64_t t = first; t < last; ++t) {
+      blocks_of(t, angles_for(p, t / p.seq, t % p.seq, angle_scratch));
+    }
+    return;
+  }
+  float* slots = run_scratch(p);
   token_angles run[angle_run];
-  for (std::int64_t t0 = first; t0 < last; t0 += run_length) {
-    const int n = static_cast<int>(std::min(run_length, last - t0));
+  for (std::int64_t t0 = first; t0 < last; t0 += angle_run) {
+    const int n = static_cast<int>(std::min<std::int64_t>(angle_run, last - t0));
     for (int j = 0; j < n; ++j) {
       run[j] = angles_for(p, (t0 + j) / p.seq, (t0 + j) % p.seq, slots + j * 2 * p.rotary_dim);
     }
-    for (int j = 0; j < n; ++j) {
-      const std::int64_t b = (t0 + j) / p.seq, s = (t0 + j) % p.seq;
-      for (int k = 0; k < p.num_blocks; ++k) {
-        const head_block& blk = p.blocks[k];
-        fn(b, s, run[j], blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
-           static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
-      }
-    }
+    for (int j = 0; j < n; ++j) blocks_of(t0 + j, run[j]);
   }
 }
 

@@ -97,8 +97,8 @@ struct rope_plan {
 // small problems stay on this thread (one block), without software prefetch. Weight gradients
 // (qk-norm backward) are summed into blocks[k].weight_grad, which must hold token_blocks(plan) *
 // head_dim zeroed doubles, one chunk per block; run_rope_cpu adds the chunks into chunk 0 in block
-// order.
-void run_rope_cpu(rope_plan plan);
+// order. A problem that stays on this thread has its plan's prefetch_bytes set to 0.
+void run_rope_cpu(rope_plan& plan);
 std::int64_t token_blocks(const rope_plan& plan);
 // True when the CPU has AVX512-BF16 (vcvtneps2bf16), read once.
 bool native_bf16();

@@ -249,7 +249,7 @@ bool native_bf16() {
 #endif
 }
 
-void run_rope_cpu(rope_plan plan) {
+void run_rope_cpu(rope_plan& plan) {
   apply_env_target();
   const std::int64_t tokens = plan.tokens();
   if (tokens == 0) return;
