@@ -753,6 +753,48 @@ TEST(Kernels, QkNormWideHeadsMatchGolden) {
   }
 }
 
+// QK RMSNorm + RoPE of bf16 x whose results are mostly fp32 subnormals (weights near 2^-124):
+// the AVX512-BF16 conversion flushes those, so a vector pair holding one takes the integer
+// path. The bf16 result is the f32 kernel's on the same values to within one bf16 rounding,
+// subnormal results included (their spacing, 2^-133, is the absolute tolerance), in place and
+// out of place, for rows of 1, 2 and 4 vectors of pairs (head dims 32, 64, 128).
+TEST(Kernels, QkNormBf16SubnormalResults) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (std::int64_t D : {32, 64, 128}) {
+    for (bool in_place : {true, false}) {
+      const std::int64_t T = 3, H = 6;
+      std::vector<std::uint16_t> xb(T * H * D), yb(xb.size());
+      std::vector<float> xf(xb.size()), yf(xb.size()), w(D);
+      for (std::size_t i = 0; i < xb.size(); ++i) {
+        xb[i] = f32_to_bf16_bits(u(rng));
+        xf[i] = bf16_bits_to_f32(xb[i]);
+      }
+      for (auto& v : w) v = (u(rng) + 2.0f) * 0x1p-125f;
+      qk_norm norm;
+      norm.q_weight = tensor_view::contiguous(w.data(), dtype::f32, {D});
+      rope_tensors b, f;
+      b.q = tensor_view::contiguous(xb.data(), dtype::bf16, {T, H, D});
+      if (!in_place) b.q_out = tensor_view::contiguous(yb.data(), dtype::bf16, {T, H, D});
+      f.q = tensor_view::contiguous(xf.data(), dtype::f32, {T, H, D});
+      f.q_out = tensor_view::contiguous(yf.data(), dtype::f32, {T, H, D});
+      const auto positions = rope_positions::from_offset(3);
+      const auto angles = rope_angles::from_theta(1e4);
+      qk_norm_rope_apply(rope_style::neox, b, positions, angles, norm);
+      qk_norm_rope_apply(rope_style::neox, f, positions, angles, norm);
+      const std::vector<std::uint16_t>& got = in_place ? xb : yb;
+      int subnormal = 0, mismatches = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const double g = bf16_bits_to_f32(got[i]), want = yf[i];
+        subnormal += want != 0 && std::fabs(want) < 0x1p-126;
+        mismatches += !(std::fabs(g - want) <= 0x1p-7 * std::fabs(want) + 0x1p-133);
+      }
+      EXPECT_GT(subnormal, 20) << "D " << D;  // the case exercises the fallback
+      EXPECT_EQ(mismatches, 0) << "D " << D << (in_place ? " in place" : " out of place");
+    }
+  }
+}
+
 // QK RMSNorm + RoPE: 1 and 2 threads give identical outputs; the weight gradients agree to
 // fp64 summation order.
 TEST(Kernels, QkNormThreadsAgree) {

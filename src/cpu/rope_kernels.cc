@@ -1036,9 +1036,10 @@ HWY_INLINE void store_pairs_step(df32 d, const vf32* a, const vf32* b, typename 
 
 // A row of NV whole vectors of pairs of halves (NV even) in lane-pair order, loaded whole before
 // any of it is stored, through angles in that order
-template <class IO, int NV, class Angles>
+template <class IO, int NV, class Angles, class Pre = no_pre>
 HWY_INLINE void rotate_row_lane_pairs(df32 d, const typename IO::storage* x,
-                                      typename IO::storage* y, const Angles& f, std::int64_t half) {
+                                      typename IO::storage* y, const Angles& f, std::int64_t half,
+                                      Pre pre = {}) {
   static_assert(NV % 2 == 0);
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   constexpr pairs H = pairs::halves;
@@ -1049,8 +1050,10 @@ HWY_INLINE void rotate_row_lane_pairs(df32 d, const typename IO::storage* x,
     for (int k = 0; k < 2; ++k) {
       const vf32 ca = f.ca(v + k), sa = f.sa(v + k);
       const vf32 cb = Angles::full ? f.cb(v + k) : ca, sb = Angles::full ? f.sb(v + k) : sa;
-      ya[k] = hn::MulSub(xa[v + k], ca, hn::Mul(xb[v + k], sa));
-      yb[k] = hn::MulAdd(xb[v + k], cb, hn::Mul(xa[v + k], sb));
+      const vf32 first = pre(xa[v + k], false, (v + k) * n);
+      const vf32 second = pre(xb[v + k], true, (v + k) * n);
+      ya[k] = hn::MulSub(first, ca, hn::Mul(second, sa));
+      yb[k] = hn::MulAdd(second, cb, hn::Mul(first, sb));
     }
     store_pairs_step<IO, H, true>(d, ya, yb, y, v * n, half);
   }
@@ -1721,9 +1724,10 @@ HWY_INLINE vf32 squares_vector(df32 d, const typename IO::storage* x, std::int64
 
 // Sum of x^2 over n elements, in fp32.
 template <class IO>
-HWY_INLINE float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n) {
+HWY_INLINE float sum_of_squares(df32 d, const typename IO::storage* x, std::int64_t n,
+                                bool dot = false) {
   std::int64_t j;
-  float sum = hn::GetLane(hn::SumOfLanes(d, squares_vector<IO>(d, x, n, false, j)));
+  float sum = hn::GetLane(hn::SumOfLanes(d, squares_vector<IO>(d, x, n, dot, j)));
   for (; j < n; ++j) {
     const float v = IO::load1(x + j);
     sum += v * v;
@@ -1811,13 +1815,16 @@ HWY_INLINE token_angles fold_weights(df32 d, const token_angles& a, const float*
 constexpr std::int64_t norm_group = 4;
 
 // r = 1 / sqrt(mean(x^2) + eps) of the block's heads [h0, h0 + norm_group) (fewer at its end)
-// into r: independent sums, so that their latency overlaps.
+// into r: independent sums, so that their latency overlaps. bf16 squares by vdpbf16ps where
+// eps >= 2^-100, as in group_inverse_rms_vector (Intel, decode of qk-norm-rope bf16, ns per
+// call: 893-969 to 876-896).
 template <class IO>
 HWY_INLINE void group_inverse_rms(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, std::int64_t h0, float* r) {
   const float inv_d = 1.0f / static_cast<float>(p.head_dim);
   for (std::int64_t g = h0; g < std::min(h0 + norm_group, blk.heads); ++g) {
-    const float mean = sum_of_squares<IO>(d, in + g * blk.in_h, p.head_dim) * inv_d;
+    const float mean =
+        sum_of_squares<IO>(d, in + g * blk.in_h, p.head_dim, p.eps >= 0x1p-100f) * inv_d;
     r[g - h0] = 1.0f / std::sqrt(mean + p.eps);
   }
 }
@@ -1899,23 +1906,51 @@ struct folded_angles {
   HWY_INLINE vf32 sb(int v) const { return s2[v]; }
 };
 
+// folded_angles in lane-pair order (bf16 halves with AVX512-BF16, NV even): each two vectors
+// of a step put as their even lanes, then their odd ones, in registers
+template <int NV>
+struct folded_lane_pairs : folded_angles<NV> {
+  HWY_INLINE folded_lane_pairs(df32 d, const token_angles& a, const float* wa, const float* wb)
+      : folded_angles<NV>(d, a, wa, wb) {
+#if HWY_TARGET != HWY_SCALAR
+    for (int v = 0; v < NV; v += 2) {
+      for (vf32* x : {this->c, this->s, this->c2, this->s2}) {
+        const vf32 even = hn::ConcatEven(d, x[v + 1], x[v]), odd = hn::ConcatOdd(d, x[v + 1], x[v]);
+        x[v] = even;
+        x[v + 1] = odd;
+      }
+    }
+#endif
+  }
+};
+
 // QK RMSNorm + RoPE (fp32_once) of one block of one token whose rows are NV whole vectors of
 // pairs, through folded_angles held in registers; the sums in groups of four heads, each
 // reduced on its own (reduced together as in norm_rotate_block, the held angles were spilled:
-// f32 in cache 0.130 to 0.153 ns per element). Out of line: inlined there, its registers were
-// spilled for 16-bit x.
-template <class IO, pairs PIn, pairs POut, int NV>
+// f32 in cache 0.130 to 0.153 ns per element; bf16 decode 864-897 to 883-910 ns per call).
+// Out of line: inlined there, its registers were spilled for 16-bit x. LanePairs: the rows in
+// lane-pair order (bf16 halves with AVX512-BF16, NV even), as rope's held rows (Intel, decode:
+// one thread, T = 1, 32 + 8 heads of 128, in place, median ns per call, five alternations:
+// 831-876 to 802-815). Taking the next group's sums before this group's rotations measured
+// even (826-831 against 829-862).
+template <class IO, pairs PIn, pairs POut, int NV, bool LanePairs = false>
 HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
                                          const typename IO::storage* in, typename IO::storage* out,
                                          const token_angles& a) {
   const std::int64_t half = p.rotary_dim / 2;
-  const folded_angles<NV> f(d, a, blk.weight_a, blk.weight_b);
+  using Folded = std::conditional_t<LanePairs, folded_lane_pairs<NV>, folded_angles<NV>>;
+  const Folded f(d, a, blk.weight_a, blk.weight_b);
   float inv_rms[norm_group];
   for (std::int64_t hd = 0; hd < blk.heads; ++hd) {
     prefetch_row(in + hd * blk.in_h, p.head_dim, p.prefetch_bytes);
     if (hd % norm_group == 0) group_inverse_rms<IO>(d, p, blk, in, hd, inv_rms);
-    rotate_row_vectors<IO, PIn, POut, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
-                                          scaled_by{hn::Set(d, inv_rms[hd % norm_group])});
+    const scaled_by r{hn::Set(d, inv_rms[hd % norm_group])};
+    if constexpr (LanePairs) {
+      rotate_row_lane_pairs<IO, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half, r);
+    } else {
+      rotate_row_vectors<IO, PIn, POut, NV>(d, in + hd * blk.in_h, out + hd * blk.out_h, f, half,
+                                            r);
+    }
   }
 }
 
@@ -2084,6 +2119,13 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
     // though faster out of place
     const bool held_x = sizeof(T) == 4 || p.held_16bit_norm_rows;
     const int held = held_x && lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
+#ifdef TILEROPE_LANE_PAIRS
+    if constexpr (std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
+                  POut == pairs::halves) {
+      if (held == 4) return norm_rotate_block_held<IO, PIn, POut, 4, true>(d, p, blk, in, out, a);
+      if (held == 2) return norm_rotate_block_held<IO, PIn, POut, 2, true>(d, p, blk, in, out, a);
+    }
+#endif
     if (held == 4) return norm_rotate_block_held<IO, PIn, POut, 4>(d, p, blk, in, out, a);
     if (held == 2) return norm_rotate_block_held<IO, PIn, POut, 2>(d, p, blk, in, out, a);
     if (held == 1) return norm_rotate_block_held<IO, PIn, POut, 1>(d, p, blk, in, out, a);
