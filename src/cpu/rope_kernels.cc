@@ -1035,7 +1035,9 @@ HWY_INLINE void store_pairs_step(df32 d, const vf32* a, const vf32* b, typename 
 }
 
 // A row of NV whole vectors of pairs of halves (NV even) in lane-pair order, loaded whole before
-// any of it is stored, through angles in that order
+// any of it is stored, through angles in that order. `pre` (QK RMSNorm: x r) is given each
+// vector's first pair index in element order, which its lanes no longer follow: it may not
+// read per-element values by it.
 template <class IO, int NV, class Angles, class Pre = no_pre>
 HWY_INLINE void rotate_row_lane_pairs(df32 d, const typename IO::storage* x,
                                       typename IO::storage* y, const Angles& f, std::int64_t half,
