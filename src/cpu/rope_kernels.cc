@@ -949,14 +949,30 @@ inline int held_vectors(std::int64_t half, std::int64_t lanes) {
 #ifdef TILEROPE_NATIVE_BF16
 #define TILEROPE_LANE_PAIRS 1
 
+// Rows in lane-pair order: bf16 halves with AVX512-BF16.
+template <class IO, pairs PIn, pairs POut>
+constexpr bool takes_lane_pairs() {
+  return std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
+         POut == pairs::halves;
+}
+
+// One step's 2n floats, lo then hi in element order, put in lane-pair order: the even elements
+// in lo, the odd ones in hi
+HWY_INLINE void to_lane_pairs(df32 d, vf32& lo, vf32& hi) {
+  const vf32 even = hn::ConcatEven(d, hi, lo), odd = hn::ConcatOdd(d, hi, lo);
+  lo = even;
+  hi = odd;
+}
+
 // 2n floats of each step in lane-pair order: for each 2n from `from`, its even elements, then
 // its odd ones (half a multiple of 2n)
 HWY_INLINE void lane_pair_ordered(df32 d, const float* from, std::int64_t half, float* to) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   for (std::int64_t i = 0; i < half; i += 2 * n) {
-    const vf32 lo = hn::LoadU(d, from + i), hi = hn::LoadU(d, from + i + n);
-    hn::StoreU(hn::ConcatEven(d, hi, lo), d, to + i);
-    hn::StoreU(hn::ConcatOdd(d, hi, lo), d, to + i + n);
+    vf32 lo = hn::LoadU(d, from + i), hi = hn::LoadU(d, from + i + n);
+    to_lane_pairs(d, lo, hi);
+    hn::StoreU(lo, d, to + i);
+    hn::StoreU(hi, d, to + i + n);
   }
 }
 
@@ -1513,8 +1529,7 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
   const int held = held_vectors(half, lanes);
   if (lanes >= 16 && held != 0) {
 #ifdef TILEROPE_LANE_PAIRS
-    if constexpr (std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
-                  POut == pairs::halves) {
+    if constexpr (takes_lane_pairs<IO, PIn, POut>()) {
       if (held != 1) {
         const token_angles la = lane_pair_angles(d, a, half, angle_rows_scratch(p));
         if (held == 4) {
@@ -1914,13 +1929,9 @@ template <int NV>
 struct folded_lane_pairs : folded_angles<NV> {
   HWY_INLINE folded_lane_pairs(df32 d, const token_angles& a, const float* wa, const float* wb)
       : folded_angles<NV>(d, a, wa, wb) {
-#if HWY_TARGET != HWY_SCALAR
+#ifdef TILEROPE_LANE_PAIRS
     for (int v = 0; v < NV; v += 2) {
-      for (vf32* x : {this->c, this->s, this->c2, this->s2}) {
-        const vf32 even = hn::ConcatEven(d, x[v + 1], x[v]), odd = hn::ConcatOdd(d, x[v + 1], x[v]);
-        x[v] = even;
-        x[v + 1] = odd;
-      }
+      for (vf32* x : {this->c, this->s, this->c2, this->s2}) to_lane_pairs(d, x[v], x[v + 1]);
     }
 #endif
   }
@@ -2122,8 +2133,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
     const bool held_x = sizeof(T) == 4 || p.held_16bit_norm_rows;
     const int held = held_x && lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
 #ifdef TILEROPE_LANE_PAIRS
-    if constexpr (std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
-                  POut == pairs::halves) {
+    if constexpr (takes_lane_pairs<IO, PIn, POut>()) {
       if (held == 4) return norm_rotate_block_held<IO, PIn, POut, 4, true>(d, p, blk, in, out, a);
       if (held == 2) return norm_rotate_block_held<IO, PIn, POut, 2, true>(d, p, blk, in, out, a);
     }
@@ -2620,8 +2630,7 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
     const token_angles w{blk.weight_a, blk.weight_b, blk.weight_a, blk.weight_b};
     float* staged = rows + 3 * D;  // [3 D] dh of the rows in flight
 #ifdef TILEROPE_LANE_PAIRS
-    if constexpr (std::is_same_v<typename IO::plain, bf16_native_io> && PIn == pairs::halves &&
-                  POut == pairs::halves) {
+    if constexpr (takes_lane_pairs<IO, PIn, POut>()) {
       if (held != 1) {          // the token's angles and the block's weights in lane-pair order
         float* ordered = rows;  // [4 r/2] angles, [2 r/2] weights
         const token_angles la = lane_pair_angles(d, a, half, ordered);
