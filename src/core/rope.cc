@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
-#include <memory>
 #include <string>
 
 #include "core/overlap.h"
@@ -481,14 +480,13 @@ struct plan_storage {
   std::vector<float> inv_freq_f32;
   // per block (q, k): the norm weight [head_dim] in fp32, then its r/2 pairs' first and second
   // weights where they are not already its two halves (gptj); in `weights_here` (not cleared)
-  // when they fit, as they do up to head_dim 256, else one allocation
+  // when they fit, as they do up to head_dim 256, else one allocation; both start a cache line
   float* weights(std::size_t n) {
     if (n <= std::size(weights_here)) return weights_here;
-    weights_heap.reset(new float[n]);
-    return weights_heap.get();
+    return detail::line_aligned(weights_heap, n);
   }
-  float weights_here[1024];
-  std::unique_ptr<float[]> weights_heap;
+  alignas(64) float weights_here[1024];
+  std::vector<float> weights_heap;
   std::vector<double> weight_grad[2];
 };
 

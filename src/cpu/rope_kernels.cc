@@ -804,18 +804,14 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
 // Per-thread scratch: 4 * r/2 angles, then two rows of head_dim fp32.
 float* thread_scratch(const rope_plan& p) {
   thread_local std::vector<float> scratch;
-  const auto need = static_cast<std::size_t>(2 * p.rotary_dim + 2 * p.head_dim + 8);
-  if (scratch.size() < need) scratch.resize(need);
-  return scratch.data();
+  return line_aligned(scratch, static_cast<std::size_t>(2 * p.rotary_dim + 2 * p.head_dim + 8));
 }
 
 // Per-thread rows (2 r floats) for a token's angles rearranged: in block order for bf16 halves
 // (QK RMSNorm's weights folded in), or expanded for adjacent pairs in output order.
 float* angle_rows_scratch(const rope_plan& p) {
   thread_local std::vector<float> rows;
-  const auto need = static_cast<std::size_t>(2 * p.rotary_dim);
-  if (rows.size() < need) rows.resize(need);
-  return rows.data();
+  return line_aligned(rows, static_cast<std::size_t>(2 * p.rotary_dim));
 }
 
 // In place with a changed layout (split-half and its backward), a row is read whole before it
@@ -1610,9 +1606,7 @@ inline bool gathers_angles_in_runs(const rope_plan& p) {
 // Per-thread scratch for a run's angles: angle_run slots of 4 * r/2 floats.
 float* run_scratch(const rope_plan& p) {
   thread_local std::vector<float> scratch;
-  const auto need = static_cast<std::size_t>(angle_run * 2 * p.rotary_dim);
-  if (scratch.size() < need) scratch.resize(need);
-  return scratch.data();
+  return line_aligned(scratch, static_cast<std::size_t>(angle_run * 2 * p.rotary_dim));
 }
 
 // Tokens [first, last): the angles once per token (into `angle_scratch` when they need it;
@@ -2744,16 +2738,18 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
                                   int chunk) {
   using T = typename IO::storage;
   const df32 d;
-  thread_local std::vector<float> rows;
+  thread_local std::vector<float> scratch;
   // 2 groups of D (dh or dh and x), dw terms, dw in element order, then for the bf16 block
   // order the angles (2 D) and weights (D)
-  rows.assign(static_cast<std::size_t>((2 * norm_group + 5) * p.head_dim), 0.0f);
+  const auto need = static_cast<std::size_t>((2 * norm_group + 5) * p.head_dim);
+  float* rows = line_aligned(scratch, need);
+  std::fill(rows, rows + need, 0.0f);
   for_each_block<T>(p, first, last, thread_scratch(p),
                     [&](std::int64_t b, std::int64_t s, const token_angles& a,
                         const head_block& blk, const T* g_in, T* dx_out) {
                       const T* x_in = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
-                      norm_backward_block<IO, PIn, POut>(d, p, blk, g_in, dx_out, x_in, a,
-                                                         rows.data(), chunk);
+                      norm_backward_block<IO, PIn, POut>(d, p, blk, g_in, dx_out, x_in, a, rows,
+                                                         chunk);
                     });
 }
 

@@ -1,7 +1,9 @@
 #pragma once
 // The validated, resolved form of one rope_apply call, as the CPU kernels consume it.
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "tilerope/dtype.h"
 #include "tilerope/freqs.h"
@@ -9,6 +11,17 @@
 #include "tilerope/runtime.h"
 
 namespace tilerope::detail {
+
+// The first 64-byte boundary in `v` with at least n floats after it (`v` grown to hold them):
+// scratch and fp32 weights start there, so that the kernels' vector loads and stores of them
+// never split a cache line (a vector's own allocation is only 16-byte aligned; bench --only
+// qk-norm-rope-bwd found its rows at 16, 32 and 48 bytes past a line).
+inline float* line_aligned(std::vector<float>& v, std::size_t n) {
+  constexpr std::size_t line = 64 / sizeof(float);
+  if (v.size() < n + line) v.resize(n + line);
+  const auto skip = (0 - reinterpret_cast<std::uintptr_t>(v.data())) % 64 / sizeof(float);
+  return v.data() + skip;
+}
 
 // q or k: heads rows of head_dim elements per token, addressed as b * b_stride + s * s_stride
 // + h * h_stride (elements).
