@@ -403,9 +403,9 @@ struct bf16_native_io : bf16_io {
   // then the odd values'), then put in element order by one vpermw. A bf16 result is +-0 only
   // where its input was +-0 or subnormal (bf16 has fp32's exponent range), so one vptestnmw of
   // the results against 0x7fff, its mask from memory (no register held in the callers' loops),
-  // stands for the two inputs' class tests, which run only where a result is zero (Intel, one
-  // thread, alternated six rounds, bench --only qk-norm-rope: bf16 in place 0.716 / 0.690 to
-  // 0.759 / 0.742 of the ceiling; rope-neox bf16 decode 508-522 to 485-486 ns).
+  // stands for the two inputs' class tests, which run only where a result is zero (Intel,
+  // alternated six rounds, bench --only qk-norm-rope, one / two threads: bf16 in place 0.716 /
+  // 0.690 to 0.759 / 0.742 of the ceiling; rope-neox bf16 decode 508-522 to 485-486 ns).
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
     (void)d;
     __m512i both;
