@@ -188,6 +188,39 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
   EXPECT_EQ(n, 2 * 3 * 11 * 11);
 }
 
+// QK RMSNorm + RoPE's backward with some weights 0, which the held rows (AVX-512, head dims
+// 32, 64 and 128) do not fold into their angles (nor divide dw by): every such call takes the
+// other path, and it matches the golden too, dx and dw, both pair layouts, in place and not.
+TEST(Kernels, QkNormBackwardWithZeroWeightsMatchesGolden) {
+  std::uint64_t seed = 2000;
+  int n = 0;
+  for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    for (int d : {32, 64, 128, 80}) {
+      for (auto style : {rope_style::neox, rope_style::gptj}) {
+        for (bool inplace : {true, false}) {
+          rope_case c;
+          c.name = "qknorm-zero-weights";
+          c.qk_norm = true;
+          c.zero_weights = true;
+          c.backward = true;
+          c.style = style;
+          c.x_type = t;
+          c.head_dim = c.rotary_dim = d;
+          c.tokens = 3;
+          c.q_heads = 6;
+          c.k_heads = 2;
+          c.inplace = inplace;
+          c.seed = seed++;
+          const auto res = cli::run_case(c);
+          EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d;
+          ++n;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(n, 3 * 4 * 2 * 2);
+}
+
 // Position 0 is the identity, bit for bit, in every dtype.
 TEST(Kernels, PositionZeroIsIdentity) {
   for (auto style : {rope_style::neox, rope_style::gptj}) {

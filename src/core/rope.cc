@@ -3,6 +3,7 @@
 
 #include "tilerope/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -488,6 +489,7 @@ struct plan_storage {
   alignas(64) float weights_here[1024];
   std::vector<float> weights_heap;
   std::vector<double> weight_grad[2];
+  std::vector<double> inverse_weight[2];
 };
 
 // Validates a rotation of x (everything but overlaps) and fills the plan.
@@ -812,6 +814,15 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
     b.x_h = xin.strides[xin.rank - 2];
     st.weight_grad[k].assign(static_cast<std::size_t>(detail::token_blocks(plan) * D), 0.0);
     b.weight_grad = st.weight_grad[k].data();
+    // weights that fold into the angles (none 0, subnormal, huge, inf or NaN)
+    if (std::all_of(b.weight, b.weight + D,
+                    [](float w) { return std::fabs(w) >= 0x1p-32f && std::fabs(w) <= 0x1p32f; })) {
+      st.inverse_weight[k].resize(static_cast<std::size_t>(D));
+      for (std::int64_t j = 0; j < D; ++j) {
+        st.inverse_weight[k][static_cast<std::size_t>(j)] = 1.0 / b.weight[j];
+      }
+      b.inverse_weight = st.inverse_weight[k].data();
+    }
   }
   operand_list ops;
   ops.read_from("dq_out", g.dq_out);

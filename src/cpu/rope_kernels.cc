@@ -2281,12 +2281,54 @@ HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n) {
   for (; j < n; ++j) dw[j] += static_cast<double>(t[j]);
 }
 
+// dw[j] += t[j] s[j] over n elements, fp32 terms scaled in fp64 into the fp64 weight gradient.
+HWY_INLINE void add_scaled_into_f64(const float* t, const double* s, double* dw, std::int64_t n) {
+  std::int64_t j = 0;
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dh;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(dd));
+  for (; j + lanes <= n; j += lanes) {
+    const auto term = hn::Mul(hn::PromoteTo(dd, hn::LoadU(dh, t + j)), hn::LoadU(dd, s + j));
+    hn::StoreU(hn::Add(hn::LoadU(dd, dw + j), term), dd, dw + j);
+  }
+#endif
+  for (; j < n; ++j) dw[j] += static_cast<double>(t[j]) * s[j];
+}
+
+// The token's angles with the block's weights folded in, for the backward's held rows: the
+// rows wa ca, wa sa (the first element of each pair), wb cb, wb sb (the second), r/2 floats
+// each, one after another in `rows`, in whatever order `a`, wa and wb are in.
+HWY_INLINE token_angles weighted_angles(df32 d, const token_angles& a, const float* wa,
+                                        const float* wb, std::int64_t half, float* rows) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  for (std::int64_t i = 0; i < half; i += n) {
+    const vf32 va = hn::LoadU(d, wa + i), vb = hn::LoadU(d, wb + i);
+    hn::StoreU(hn::Mul(va, hn::LoadU(d, a.ca + i)), d, rows + i);
+    hn::StoreU(hn::Mul(va, hn::LoadU(d, a.sa + i)), d, rows + half + i);
+    hn::StoreU(hn::Mul(vb, hn::LoadU(d, a.cb + i)), d, rows + 2 * half + i);
+    hn::StoreU(hn::Mul(vb, hn::LoadU(d, a.sb + i)), d, rows + 3 * half + i);
+  }
+  return token_angles{rows, rows + half, rows + 2 * half, rows + 3 * half, true};
+}
+
 // Backward of QK RMSNorm + RoPE for one block of one token whose rows are NV whole vectors of
 // pairs, every dim rotated (32 vector registers: AVX-512 at head dims 32, 64 and 128), in two
-// passes over each row with the row's r and coef between them:
-//     sums:   dh = rope_backward(g) (staged in fp32, in L1),  r = 1 / sqrt(x.x / D + eps),
-//             coef = r^3 (w dh).x / D
-//     apply:  x read again (from L1),  dx = w (r dh) - coef x,  dw += (r dh) x
+// passes over each row with the row's r and coef between them. The weights are folded into
+// the angles (w cos and w sin: weighted_angles), so a row's rotation gives
+// q = w dh = w rope_backward(g) directly:
+//     sums:   q (staged in fp32, in L1),  r = 1 / sqrt(x.x / D + eps),  coef = r^3 q.x / D
+//     apply:  x read again (from L1),  dx = r q - coef x,  dw' += (r q) x
+// and the block's dw' over this token's heads becomes dw = dw' / w in fp64
+// (blk.inverse_weight, set where every weight folds: see head_block). A vector of pairs takes
+// 14 vector operations where there were 18 (the dot one FMA a half instead of a multiply and
+// an FMA; the apply three a half: r q, dw', and dx as one FNMA on r q), and 4 angle loads
+// where there were 2 (4 with full rows) and 4 weight loads. Intel, one thread, 32 + 8 heads of
+// 128 in place in L2 (T = 8), min ns per element, four processes each: bf16 0.274-0.300 to
+// 0.254-0.273, f16 0.254-0.263 to 0.239-0.240, f32 0.269-0.277 to 0.249-0.255; bench --only
+// qk-norm-rope-bwd, four alternations, in place, one / two threads: bf16 0.806 / 0.723 to
+// 0.821 / 0.738 of the ceiling, f16 0.818 / 0.742 to 0.854 / 0.767, f32 0.875 / 0.797 to
+// 0.904 / 0.843.
 // The sums run `ahead` = 2 rows before the apply, in the same pass over the heads: row h's sums
 // are taken just before row h - 2 is applied, so the chain from a row's loads to its r and coef
 // (two sums, their lane reductions, a square root and a division) overlaps other rows' work. Each
@@ -2296,15 +2338,14 @@ HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n) {
 // bf16 in L2 (T = 8) 0.274-0.288 to 0.221-0.224 (with LanePairs; f32 and f16 even); bench --only
 // qk-norm-rope-bwd, Qwen3-8B, two alternations, bf16 0.74 / 0.68 to 0.79 / 0.75 of the ceiling at
 // one / two threads in place, 0.70 / 0.66 to 0.80 / 0.76 out of place, f32 and f16 within the
-// spread. LanePairs (bf16 halves with AVX512-BF16, NV even): the rows in lane-pair order, `a` and
-// the weights `w` (wa in ca, wb in sa) already in it.
-template <class IO, pairs PIn, pairs POut, bool Full, int NV, bool LanePairs = false>
+// spread. `angles`: the four rows of weighted_angles, one after another. LanePairs (bf16
+// halves with AVX512-BF16, NV even): the rows, and the angles, in lane-pair order.
+template <class IO, pairs PIn, pairs POut, int NV, bool LanePairs = false>
 HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const head_block& blk,
                                            const typename IO::storage* g_in,
                                            typename IO::storage* dx_out,
-                                           const typename IO::storage* x_in, const token_angles& a,
-                                           const token_angles& w, float* staged, float* tdw,
-                                           int chunk) {
+                                           const typename IO::storage* x_in, const float* angles,
+                                           float* staged, float* tdw, int chunk) {
   using T = typename IO::storage;
   // f16 halves two vectors a step, stored a line at a time (bench --only qk-norm-rope-bwd, two
   // alternations: out of place 0.76 / 0.70 to 0.79 / 0.76 of the ceiling, in place even)
@@ -2314,48 +2355,49 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
   static_assert(NV % S == 0);
   constexpr std::int64_t ahead = 2;  // rows whose sums run before the row applied
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t half = p.rotary_dim / 2, D = p.head_dim, heads = blk.heads;
+  // r/2 = NV n and D = r (constants where the lanes are: one pointer and fixed offsets reach
+  // the four angle rows, the staged rows and a row's second half)
+  const std::int64_t half = NV * n, D = 2 * half, heads = blk.heads;
+  const std::int64_t g_h = blk.in_h, x_h = blk.x_h, dx_h = blk.out_h;
   const float inv_d = 1.0f / static_cast<float>(D);
-  const memory_angles<Full> f{d, a, n};
-  const float *weight_a = w.ca, *weight_b = w.sa;
-  auto row_g = [&](std::int64_t h) { return g_in + h * blk.in_h; };
-  auto row_x = [&](std::int64_t h) { return x_in + h * blk.x_h; };
-  // dh and x of one step of a row (S vectors of pairs from vector v0)
-  auto load_step = [&](const T* g, const T* x, int v0, vf32* dha, vf32* dhb, vf32* xa, vf32* xb)
+  // angle row k (w_a cos, w_a sin, w_b cos, w_b sin) at vector v
+  auto angle = [&](int k, int v) { return in_register(hn::LoadU(d, angles + k * half + v * n)); };
+  auto row_g = [&](std::int64_t h) { return g_in + h * g_h; };
+  auto row_x = [&](std::int64_t h) { return x_in + h * x_h; };
+  // q and x of one step of a row (S vectors of pairs from vector v0)
+  auto load_step = [&](const T* g, const T* x, int v0, vf32* qa, vf32* qb, vf32* xa, vf32* xb)
                        TILEROPE_INLINE_LAMBDA {
                          vf32 ga[S], gb[S];
                          load_pairs_step<IO, PIn, LanePairs, Wide>(d, g, v0 * n, half, ga, gb);
                          load_pairs_step<IO, POut, LanePairs, Wide>(d, x, v0 * n, half, xa, xb);
                          for (int k = 0; k < S; ++k) {
                            const int v = v0 + k;
-                           const vf32 ca = f.ca(v), sa = f.sa(v);
-                           const vf32 cb = Full ? f.cb(v) : ca, sb = Full ? f.sb(v) : sa;
-                           dha[k] = hn::MulSub(ga[k], ca, hn::Mul(gb[k], sa));
-                           dhb[k] = hn::MulAdd(gb[k], cb, hn::Mul(ga[k], sb));
+                           qa[k] = hn::MulSub(ga[k], angle(0, v), hn::Mul(gb[k], angle(1, v)));
+                           qb[k] = hn::MulAdd(gb[k], angle(2, v), hn::Mul(ga[k], angle(3, v)));
                          }
                        };
   const hn::CappedTag<float, 1> d1;
   float r_of[ahead + 1], coef_of[ahead + 1];  // of the rows in flight, by h mod (ahead + 1)
-  // dh of the rows in flight, in fp32 (first elements, then second), by h mod (ahead + 1)
-  auto dh_of = [&](std::int64_t h) { return staged + h % (ahead + 1) * D; };
+  // q of the rows in flight, in fp32 (first elements, then second), by h mod (ahead + 1)
+  auto q_of = [&](std::int64_t h) { return staged + h % (ahead + 1) * D; };
   auto sums = [&](std::int64_t h) TILEROPE_INLINE_LAMBDA {
     const T *g = row_g(h), *x = row_x(h);
-    float* dh = dh_of(h);
+    float* q = q_of(h);
     prefetch_row(g, D, p.prefetch_bytes);
     prefetch_row(x, D, p.prefetch_bytes);
     // two accumulators each (the pairs' first and second elements): a shorter chain
     vf32 sqa = hn::Zero(d), sqb = hn::Zero(d), dota = hn::Zero(d), dotb = hn::Zero(d);
     for (int v0 = 0; v0 < NV; v0 += S) {
-      vf32 dha[S], dhb[S], xa[S], xb[S];
-      load_step(g, x, v0, dha, dhb, xa, xb);
+      vf32 qa[S], qb[S], xa[S], xb[S];
+      load_step(g, x, v0, qa, qb, xa, xb);
       for (int k = 0; k < S; ++k) {
         const int v = v0 + k;
-        hn::StoreU(dha[k], d, dh + v * n);
-        hn::StoreU(dhb[k], d, dh + half + v * n);
+        hn::StoreU(qa[k], d, q + v * n);
+        hn::StoreU(qb[k], d, q + half + v * n);
         sqa = hn::MulAdd(xa[k], xa[k], sqa);
         sqb = hn::MulAdd(xb[k], xb[k], sqb);
-        dota = hn::MulAdd(hn::Mul(hn::LoadU(d, weight_a + v * n), dha[k]), xa[k], dota);
-        dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, weight_b + v * n), dhb[k]), xb[k], dotb);
+        dota = hn::MulAdd(qa[k], xa[k], dota);
+        dotb = hn::MulAdd(qb[k], xb[k], dotb);
       }
     }
     const auto mean_sq =
@@ -2366,32 +2408,32 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
     r_of[h % (ahead + 1)] = r;
     coef_of[h % (ahead + 1)] = (r * r) * (r * dot_d);
   };
-  vf32 dwa[NV], dwb[NV];  // dw of the pairs' first and second elements
+  vf32 dwa[NV], dwb[NV];  // dw' (w dw) of the pairs' first and second elements
   for (int v = 0; v < NV; ++v) dwa[v] = dwb[v] = hn::Zero(d);
   for (std::int64_t h = 0; h < std::min(ahead, heads); ++h) sums(h);
   for (std::int64_t h = 0; h < heads; ++h) {
     if (h + ahead < heads) sums(h + ahead);
     const vf32 rv = hn::Set(d, r_of[h % (ahead + 1)]), cv = hn::Set(d, coef_of[h % (ahead + 1)]);
     const T* x = row_x(h);
-    const float* dh = dh_of(h);
-    T* dx = dx_out + h * blk.out_h;
+    const float* q = q_of(h);
+    T* dx = dx_out + h * dx_h;
     for (int v0 = 0; v0 < NV; v0 += S) {
       vf32 xa[S], xb[S], ya[S], yb[S];
       load_pairs_step<IO, POut, LanePairs, Wide>(d, x, v0 * n, half, xa, xb);
       for (int k = 0; k < S; ++k) {
         const int v = v0 + k;
-        // r dh once: dw += (r dh) x,  dx = w (r dh) - coef x
-        const vf32 dhra = hn::Mul(hn::LoadU(d, dh + v * n), rv);
-        const vf32 dhrb = hn::Mul(hn::LoadU(d, dh + half + v * n), rv);
-        dwa[v] = hn::MulAdd(dhra, xa[k], dwa[v]);
-        dwb[v] = hn::MulAdd(dhrb, xb[k], dwb[v]);
-        ya[k] = hn::MulSub(hn::LoadU(d, weight_a + v * n), dhra, hn::Mul(cv, xa[k]));
-        yb[k] = hn::MulSub(hn::LoadU(d, weight_b + v * n), dhrb, hn::Mul(cv, xb[k]));
+        // r q once: dw' += (r q) x,  dx = r q - coef x
+        const vf32 qra = hn::Mul(hn::LoadU(d, q + v * n), rv);
+        const vf32 qrb = hn::Mul(hn::LoadU(d, q + half + v * n), rv);
+        dwa[v] = hn::MulAdd(qra, xa[k], dwa[v]);
+        dwb[v] = hn::MulAdd(qrb, xb[k], dwb[v]);
+        ya[k] = hn::NegMulAdd(cv, xa[k], qra);
+        yb[k] = hn::NegMulAdd(cv, xb[k], qrb);
       }
       store_pairs_step<IO, POut, LanePairs, Wide>(d, ya, yb, dx, v0 * n, half);
     }
   }
-  // the block's heads of this token, summed, in the weight's element order
+  // the block's heads of this token, summed, in the weight's element order, divided by w
   for (int v = 0; v < NV; v += S) {
     if constexpr (LanePairs) {
       hn::StoreInterleaved2(dwa[v], dwa[v + 1], d, tdw + v * n);
@@ -2402,7 +2444,7 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
       }
     }
   }
-  add_into_f64(tdw, blk.weight_grad + chunk * D, D);
+  add_scaled_into_f64(tdw, blk.inverse_weight, blk.weight_grad + chunk * D, D);
 }
 
 // r = 1 / sqrt(sum(sq) / D + eps) and coef = r^3 sum(dot) / D of four heads from their vectors
@@ -2620,8 +2662,11 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
 // here.
 
 // How many whole vectors of pairs a backward row held in registers has (norm_backward_block_held:
-// 32 vector registers, every dim rotated), else 0.
+// 32 vector registers, every dim rotated, every block's weights folded into the angles), else 0.
 inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
+  for (int k = 0; k < p.num_blocks; ++k) {
+    if (p.blocks[k].inverse_weight == nullptr) return 0;
+  }
   return lanes >= 16 && p.rotary_dim == p.head_dim ? held_vectors(p.rotary_dim / 2, lanes) : 0;
 }
 
@@ -2638,40 +2683,36 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   // rows of 1, 2 or 4 whole vectors of pairs with 32 vector registers: held in registers
   const int held = norm_backward_held_vectors(p, lanes);
   if (held != 0) {
-    const token_angles w{blk.weight_a, blk.weight_b, blk.weight_a, blk.weight_b};
-    float* staged = rows + 3 * D;  // [3 D] dh of the rows in flight
+    float* staged = rows + 5 * D;  // [3 D] q of the rows in flight
 #ifdef TILEROPE_LANE_PAIRS
     if constexpr (takes_lane_pairs<IO, PIn, POut>()) {
-      if (held != 1) {          // the token's angles and the block's weights in lane-pair order
-        float* ordered = rows;  // [4 r/2] angles, [2 r/2] weights
+      if (held != 1) {  // the token's angles and the block's weights in lane-pair order
+        float* ordered = rows + 4 * half;  // [4 r/2] angles, [2 r/2] weights
         const token_angles la = lane_pair_angles(d, a, half, ordered);
-        lane_pair_ordered(d, w.ca, half, ordered + 4 * half);
-        lane_pair_ordered(d, w.sa, half, ordered + 5 * half);
-        const token_angles lw{ordered + 4 * half, ordered + 5 * half};
-        auto take = [&](auto full) {
-          constexpr bool F = decltype(full)::value;
-          if (held == 4)
-            return norm_backward_block_held<IO, PIn, POut, F, 4, true>(
-                d, p, blk, g_in, dx_out, x_in, la, lw, staged, tdw, chunk);
-          return norm_backward_block_held<IO, PIn, POut, F, 2, true>(d, p, blk, g_in, dx_out, x_in,
-                                                                     la, lw, staged, tdw, chunk);
-        };
-        return a.full ? take(std::true_type{}) : take(std::false_type{});
+        lane_pair_ordered(d, blk.weight_a, half, ordered + 4 * half);
+        lane_pair_ordered(d, blk.weight_b, half, ordered + 5 * half);
+        const token_angles wa =
+            weighted_angles(d, la, ordered + 4 * half, ordered + 5 * half, half, rows);
+        if (held == 4) {
+          return norm_backward_block_held<IO, PIn, POut, 4, true>(d, p, blk, g_in, dx_out, x_in,
+                                                                  wa.ca, staged, tdw, chunk);
+        }
+        return norm_backward_block_held<IO, PIn, POut, 2, true>(d, p, blk, g_in, dx_out, x_in,
+                                                                wa.ca, staged, tdw, chunk);
       }
     }
 #endif
-    auto take = [&](auto full) {
-      constexpr bool F = decltype(full)::value;
-      if (held == 4)
-        return norm_backward_block_held<IO, PIn, POut, F, 4>(d, p, blk, g_in, dx_out, x_in, a, w,
-                                                             staged, tdw, chunk);
-      if (held == 2)
-        return norm_backward_block_held<IO, PIn, POut, F, 2>(d, p, blk, g_in, dx_out, x_in, a, w,
-                                                             staged, tdw, chunk);
-      return norm_backward_block_held<IO, PIn, POut, F, 1>(d, p, blk, g_in, dx_out, x_in, a, w,
-                                                           staged, tdw, chunk);
-    };
-    return a.full ? take(std::true_type{}) : take(std::false_type{});
+    const token_angles wa = weighted_angles(d, a, blk.weight_a, blk.weight_b, half, rows);
+    if (held == 4) {
+      return norm_backward_block_held<IO, PIn, POut, 4>(d, p, blk, g_in, dx_out, x_in, wa.ca,
+                                                        staged, tdw, chunk);
+    }
+    if (held == 2) {
+      return norm_backward_block_held<IO, PIn, POut, 2>(d, p, blk, g_in, dx_out, x_in, wa.ca,
+                                                        staged, tdw, chunk);
+    }
+    return norm_backward_block_held<IO, PIn, POut, 1>(d, p, blk, g_in, dx_out, x_in, wa.ca, staged,
+                                                      tdw, chunk);
   }
   // rows of whole vectors of pairs where no row is held (AVX-512 keeps its staged path for
   // rows of more than four vectors of pairs)
@@ -2756,8 +2797,9 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   using T = typename IO::storage;
   const df32 d;
   thread_local std::vector<float> scratch;
-  // 2 groups of D (dh or dh and x), dw terms, dw in element order, then for the bf16 block
-  // order the angles (2 D) and weights (D)
+  // 2 groups of D (dh or dh and x; held rows: the weighted angles, the lane-pair angles and
+  // weights, q of 3 rows), dw terms, dw in element order, then for the bf16 block order the
+  // angles (2 D) and weights (D)
   const auto need = static_cast<std::size_t>((2 * norm_group + 5) * p.head_dim);
   float* rows = line_aligned(scratch, need);
   std::fill(rows, rows + need, 0.0f);

@@ -39,6 +39,9 @@ struct head_block {
   const void* x = nullptr;
   std::int64_t x_b = 0, x_s = 0, x_h = 0;
   double* weight_grad = nullptr;
+  // backward: 1 / weight [head_dim] in fp64 where every weight is in [2^-32, 2^32] in magnitude
+  // (the held rows fold the weights into the angles and divide dw by them), else null
+  const double* inverse_weight = nullptr;
 };
 
 // How the two elements of each rotated pair sit in a row: (i, i + r/2) or (2i, 2i + 1).

@@ -155,7 +155,7 @@ void check_case_fields(const rope_case& c) {
 std::string variant_of(const rope_case& c) {
   std::string v = c.mrope_section ? "mrope-" + std::string(to_string(c.mrope)) + "-" : "";
   if (c.vision_2d) v = "vision2d-";
-  if (c.qk_norm) v = "qknorm-" + v;
+  if (c.qk_norm) v = (c.zero_weights ? "qknorm-w0-" : "qknorm-") + v;
   std::string style(to_string(c.style));
   if (c.output_layout == rope_output_layout::split_half) style += "-split";
   if (!c.rows.empty()) style += c.rows_half ? "-rows/2" : "-rows";
@@ -423,7 +423,9 @@ case_result run_case(const rope_case& c) {
     k_weight = tensor(c.x_type, {D});
     for (tensor* w : {&q_weight, &k_weight}) {
       for (std::int64_t j = 0; j < D; ++j) {
-        store_from_f64(w->data(), c.x_type, static_cast<std::size_t>(j), around_one(rng));
+        const double value = around_one(rng);
+        store_from_f64(w->data(), c.x_type, static_cast<std::size_t>(j),
+                       c.zero_weights && j % 3 == 0 ? 0.0 : value);
       }
     }
     for (int k2 = 0; k2 < 2; ++k2) {
@@ -1042,6 +1044,8 @@ rope_case case_from_json(const nlohmann::json& j) {
       c.random_rows = v.get<bool>();
     else if (key == "qk_norm")
       c.qk_norm = v.get<bool>();
+    else if (key == "zero_weights")
+      c.zero_weights = v.get<bool>();
     else if (key == "eps")
       c.eps = v.get<double>();
     else if (key == "norm_rounding")

@@ -59,6 +59,9 @@ struct rope_case {
   bool random_rows = false;
   // Qwen3 QK RMSNorm before the rotation, weights [D] of the x dtype drawn around 1
   bool qk_norm = false;
+  // every third weight 0 (the backward's held rows fold the weights into the angles only when
+  // none is 0: this takes its other path)
+  bool zero_weights = false;
   double eps = 1e-6;
   qk_norm_rounding norm_rounding = qk_norm_rounding::fp32_once;
 };
