@@ -2267,33 +2267,23 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
                     });
 }
 
-// dw[j] += t[j] over n elements, fp32 terms into the fp64 weight gradient.
-HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n) {
+// dw[j] += t[j] over n elements, fp32 terms into the fp64 weight gradient; Scaled: each term
+// times scale[j] in fp64.
+template <bool Scaled = false>
+HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n,
+                             const double* scale = nullptr) {
   std::int64_t j = 0;
 #if HWY_HAVE_FLOAT64
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> dh;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(dd));
   for (; j + lanes <= n; j += lanes) {
-    hn::StoreU(hn::Add(hn::LoadU(dd, dw + j), hn::PromoteTo(dd, hn::LoadU(dh, t + j))), dd, dw + j);
-  }
-#endif
-  for (; j < n; ++j) dw[j] += static_cast<double>(t[j]);
-}
-
-// dw[j] += t[j] s[j] over n elements, fp32 terms scaled in fp64 into the fp64 weight gradient.
-HWY_INLINE void add_scaled_into_f64(const float* t, const double* s, double* dw, std::int64_t n) {
-  std::int64_t j = 0;
-#if HWY_HAVE_FLOAT64
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> dh;
-  const auto lanes = static_cast<std::int64_t>(hn::Lanes(dd));
-  for (; j + lanes <= n; j += lanes) {
-    const auto term = hn::Mul(hn::PromoteTo(dd, hn::LoadU(dh, t + j)), hn::LoadU(dd, s + j));
+    auto term = hn::PromoteTo(dd, hn::LoadU(dh, t + j));
+    if constexpr (Scaled) term = hn::Mul(term, hn::LoadU(dd, scale + j));
     hn::StoreU(hn::Add(hn::LoadU(dd, dw + j), term), dd, dw + j);
   }
 #endif
-  for (; j < n; ++j) dw[j] += static_cast<double>(t[j]) * s[j];
+  for (; j < n; ++j) dw[j] += static_cast<double>(t[j]) * (Scaled ? scale[j] : 1.0);
 }
 
 // The token's angles with the block's weights folded in, for the backward's held rows: the
@@ -2444,7 +2434,7 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
       }
     }
   }
-  add_scaled_into_f64(tdw, blk.inverse_weight, blk.weight_grad + chunk * D, D);
+  add_into_f64<true>(tdw, blk.weight_grad + chunk * D, D, blk.inverse_weight);
 }
 
 // r = 1 / sqrt(sum(sq) / D + eps) and coef = r^3 sum(dot) / D of four heads from their vectors
