@@ -89,16 +89,18 @@ TEST(Kernels, PrefetchDistanceDoesNotChangeResults) {
 // Head dims with tails of every length on every vector width, rows of an odd number of whole
 // vectors whose pairs' halves end mid-vector (taken in output order: 12 and 20 with 4 lanes,
 // 24 and 40 with 8, 48, 80 and 112 with 16), odd head_dim with partial
-// rotary, packed and separate buffers, in place and out of place, each dtype and style.
+// rotary (96 with 80: r/2 = 40 with 16 dims passed through), packed and separate buffers, in
+// place and out of place, each dtype and style.
 TEST(Kernels, SweepMatchesGolden) {
   std::uint64_t seed = 7;
   int n = 0;
   for (auto style : {rope_style::neox, rope_style::gptj}) {
     for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
       for (auto [d, r] : std::vector<std::pair<int, int>>{
-               {2, 2},   {6, 6},   {7, 6},     {8, 8},     {14, 14},   {34, 34},   {36, 16},
-               {62, 62}, {64, 32}, {80, 80},   {96, 96},   {12, 12},   {20, 20},   {24, 24},
-               {40, 40}, {48, 48}, {112, 112}, {128, 128}, {130, 128}, {256, 256}, {256, 64}}) {
+               {2, 2},     {6, 6},     {7, 6},    {8, 8},   {14, 14},   {34, 34},
+               {36, 16},   {62, 62},   {64, 32},  {80, 80}, {96, 96},   {12, 12},
+               {20, 20},   {24, 24},   {40, 40},  {48, 48}, {112, 112}, {128, 128},
+               {130, 128}, {256, 256}, {256, 64}, {96, 80}}) {
         for (int variant = 0; variant < 4; ++variant) {
           rope_case c;
           c.name = "sweep";
@@ -121,7 +123,44 @@ TEST(Kernels, SweepMatchesGolden) {
       }
     }
   }
-  EXPECT_EQ(n, 2 * 3 * 21 * 4);
+  EXPECT_EQ(n, 2 * 3 * 22 * 4);
+}
+
+// bf16 halves of r/2 = 40 (head dim 80; with AVX512-BF16 one lane-pair step and a tail of 8
+// pairs of each half joined in one vector), all dims rotated or 16 passed through, from a
+// table, from full-width rows whose halves differ (four angle vectors a step) and from Qwen2-VL
+// vision's 2D positions, forward and backward, in place and not, q alone or with k.
+TEST(Kernels, Bf16HalvesOfHeadDim80MatchGolden) {
+  std::uint64_t seed = 1300;
+  int n = 0;
+  for (int angles = 0; angles < 3; ++angles) {  // table, random full rows, vision 2D
+    for (auto [d, r] : std::vector<std::pair<int, int>>{{80, 80}, {96, 80}}) {
+      if (angles == 2 && d != r) continue;
+      for (int variant = 0; variant < 4; ++variant) {
+        rope_case c;
+        c.name = "bf16-d80";
+        c.x_type = dtype::bf16;
+        c.head_dim = d;
+        c.rotary_dim = r;
+        c.tokens = 3 + variant;
+        c.q_heads = 1 + variant;
+        c.k_heads = variant % 3;
+        c.inplace = variant % 2 == 0;
+        c.backward = variant >= 2;
+        if (angles == 1) {
+          c.rows = "f32";
+          c.random_rows = true;
+        }
+        c.vision_2d = angles == 2;
+        c.seed = seed++;
+        const auto res = cli::run_case(c);
+        EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant
+                              << " angles " << angles;
+        ++n;
+      }
+    }
+  }
+  EXPECT_EQ(n, 5 * 4);
 }
 
 // QK RMSNorm + RoPE over head dims whose half is shorter than a vector on some targets (the
@@ -643,19 +682,22 @@ TEST(Kernels, FullWidthRowsWithOneDifferingHalfUseIt) {
 // kernel's output is the f32 kernel's on the same (exactly widened) inputs, rounded by the
 // scalar conversion, bit for bit. Token 0 (position 0: y = x) has subnormal results in only
 // the first elements of pairs (head 1) or only the second (head 2); the other tokens have
-// them in both (head 3).
+// them in both (head 3), in the first 16 pairs and the last 8 (head dim 80: the lane-pair step
+// and the tail).
 TEST(Kernels, Bf16StoresRoundSubnormalResultsLikeScalar) {
-  const std::int64_t T = 9, H = 4, D = 128;
+  const std::int64_t T = 9, H = 4;
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-1, 1);
-  for (rope_style style : {rope_style::neox, rope_style::gptj}) {
+  for (auto [style, D] : std::vector<std::pair<rope_style, std::int64_t>>{
+           {rope_style::neox, 128}, {rope_style::gptj, 128}, {rope_style::neox, 80}}) {
     std::vector<std::uint16_t> xb(T * H * D), yb(xb.size());
     std::vector<float> xf(xb.size()), yf(xb.size());
     for (std::size_t i = 0; i < xb.size(); ++i) {
       const auto h = static_cast<std::int64_t>(i) / D % H, j = static_cast<std::int64_t>(i) % D;
       const bool first = style == rope_style::neox ? j < D / 2 : j % 2 == 0;
       const std::int64_t pair = style == rope_style::neox ? j % (D / 2) : j / 2;
-      const bool tiny = pair < 16 && ((h == 1 && first) || (h == 2 && !first) || h == 3);
+      const bool tiny =
+          (pair < 16 || pair >= D / 2 - 8) && ((h == 1 && first) || (h == 2 && !first) || h == 3);
       const float v = u(rng) * (tiny ? 0x1p-125f : 1.0f);
       xb[i] = f32_to_bf16_bits(v);
       xf[i] = bf16_bits_to_f32(xb[i]);
@@ -674,8 +716,8 @@ TEST(Kernels, Bf16StoresRoundSubnormalResultsLikeScalar) {
       subnormal += yf[i] != 0 && std::abs(yf[i]) < 0x1p-126f;
       mismatches += yb[i] != f32_to_bf16_bits(yf[i]);
     }
-    EXPECT_GT(subnormal, 20) << to_string(style);  // the case exercises the fallback
-    EXPECT_EQ(mismatches, 0) << to_string(style);
+    EXPECT_GT(subnormal, 20) << to_string(style) << " D=" << D;  // the case exercises the fallback
+    EXPECT_EQ(mismatches, 0) << to_string(style) << " D=" << D;
   }
 }
 

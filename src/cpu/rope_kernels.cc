@@ -1137,6 +1137,70 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
   }
 }
 
+#ifdef TILEROPE_LANE_PAIRS
+// bf16 halves of r/2 = 2n + n/2 pairs (head dim 80, the vision towers of Qwen2-VL and
+// Qwen2.5-VL) in lane-pair order: the first 2n pairs as one lane-pair step, the last n/2 of
+// both halves joined in one vector [x_a | x_b] (from two loads of n/2), rotated with its halves
+// swapped for partners, y = x C + partner S with C = [c_a | c_b], S = [-s_a | s_b] (the pair
+// path's products, bit for bit), and stored as two n/2. The pair path took three overlapping
+// vectors of pairs, each widened by a widening load and a shift and narrowed by a
+// vcvtneps2bf16 of two uops. Intel, 16 + 16 heads of 80 in place, one thread, in cache (T =
+// 64): 0.163-0.166 to 0.119 ns per element (min); bench --only vision, eight alternations,
+// bf16 in place: 0.785 to 0.851 of the ceiling at one thread, 0.775 to 0.860 at two. Output
+// order (rotate_block_output_order) measured as fast in cache (0.113-0.119) but not in the
+// bench (0.775 at both thread counts, five alternations).
+inline bool takes_lane_pairs_tail(std::int64_t half, std::int64_t lanes) {
+  return half == 2 * lanes + lanes / 2;
+}
+
+template <class IO, bool Full>
+HWY_NOINLINE void rotate_block_lane_pairs_tail(df32 d, const rope_plan& p, const head_block& blk,
+                                               const std::uint16_t* in, std::uint16_t* out,
+                                               const token_angles& a) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
+  const std::int64_t pass = p.head_dim - rotary;
+  // the lane-pair step's angles [2n] (ca, sa, then cb, sb when full), held in registers
+  float* rows = angle_rows_scratch(p);
+  lane_pair_ordered(d, a.ca, 2 * n, rows);
+  lane_pair_ordered(d, a.sa, 2 * n, rows + 2 * n);
+  if constexpr (Full) {
+    lane_pair_ordered(d, a.cb, 2 * n, rows + 4 * n);
+    lane_pair_ordered(d, a.sb, 2 * n, rows + 6 * n);
+  }
+  const held_angles<Full, 2> f(d, token_angles{rows, rows + 2 * n, rows + 4 * n, rows + 6 * n});
+  // the tail's [c_a | c_b] and [-s_a | s_b] (frequencies 2n .. r/2)
+  const hn::Half<df32> dq;                             // n/2 fp32
+  const hn::Rebind<std::uint16_t, decltype(dq)> dq16;  // n/2 bf16
+  const hn::Rebind<std::uint16_t, df32> d16;           // n bf16
+  const vf32 tc = hn::Combine(d, hn::LoadU(dq, a.cb + 2 * n), hn::LoadU(dq, a.ca + 2 * n));
+  const vf32 ts = hn::Combine(d, hn::LoadU(dq, a.sb + 2 * n), hn::Neg(hn::LoadU(dq, a.sa + 2 * n)));
+  for (std::int64_t h = 0; h < blk.heads; ++h) {
+    const std::uint16_t* x = in + h * blk.in_h;
+    std::uint16_t* y = out + h * blk.out_h;
+    prefetch_row(x, p.head_dim, p.prefetch_bytes);
+    if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(*x));
+    // the whole row loaded before any of it is stored (in place)
+    vf32 xa[2], xb[2];
+    load_pairs_step<IO, pairs::halves, true>(d, x, 0, half, xa, xb);
+    const auto tail16 =
+        hn::Combine(d16, hn::LoadU(dq16, x + half + 2 * n), hn::LoadU(dq16, x + 2 * n));
+    const vf32 t = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), tail16)));
+    vf32 ya[2], yb[2];
+    for (int k = 0; k < 2; ++k) {
+      const vf32 cb = Full ? f.cb(k) : f.ca(k), sb = Full ? f.sb(k) : f.sa(k);
+      ya[k] = hn::MulSub(xa[k], f.ca(k), hn::Mul(xb[k], f.sa(k)));
+      yb[k] = hn::MulAdd(xb[k], cb, hn::Mul(xa[k], sb));
+    }
+    const vf32 yt = hn::MulAdd(t, tc, hn::Mul(hn::ConcatLowerUpper(d, t, t), ts));
+    store_pairs_step<IO, pairs::halves, true>(d, ya, yb, y, 0, half);
+    const auto et = IO::encode(d, yt);
+    hn::StoreU(hn::LowerHalf(dq16, et), dq16, y + 2 * n);
+    hn::StoreU(hn::UpperHalf(dq16, et), dq16, y + half + 2 * n);
+  }
+}
+#endif
+
 // ---- bf16 halves a vector of bf16 at a time (x86 without AVX-512) ---------------------------
 // Without a native conversion, widening and narrowing bf16 one fp32 vector at a time costs a
 // widening load and a shift per vector in, and a pack and a cross-block permute per vector out.
@@ -1373,9 +1437,10 @@ inline bool takes_bf16_blocks(const rope_plan&, std::int64_t) {
 // (one-thread loop, head dim 80 in cache: 0.125 to 0.079 ns per element) and adjacent pairs of
 // every dtype (f16 0.137 to 0.091, bf16 0.119 to 0.106) gain. 16-bit halves take it only when
 // the output streams: widening each vector and joining its partner put three shuffles on every
-// vector (bf16 0.101 against 0.111 in cache; f16 even), but streamed, the output skips its
-// reads for ownership (bench --only vision, out of place, ten alternations: bf16 0.49 to 0.59
-// of the ceiling at one thread, 0.56 to 0.69 at two; f16 0.56 to 0.62 and 0.58 to 0.69).
+// vector (Zen 4: bf16 0.101 against 0.111 in cache; f16 even), but streamed, the output skips
+// its reads for ownership (bench --only vision, out of place, ten alternations: bf16 0.49 to
+// 0.59 of the ceiling at one thread, 0.56 to 0.69 at two; f16 0.56 to 0.62 and 0.58 to 0.69).
+// Not streamed, bf16 with AVX512-BF16 takes rotate_block_lane_pairs_tail.
 inline int output_order_vectors(const rope_plan& p, std::int64_t lanes, bool streaming) {
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
   if (p.qk_norm || p.rotary_dim != D || p.in_pairs != p.out_pairs) return 0;
@@ -1556,6 +1621,13 @@ HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& 
     if (held == 2) return rotate_block_held<IO, PIn, POut, Full, 2>(d, p, blk, in, out, a);
     return rotate_block_held<IO, PIn, POut, Full, 1>(d, p, blk, in, out, a);
   }
+#ifdef TILEROPE_LANE_PAIRS
+  if constexpr (takes_lane_pairs<IO, PIn, POut>() && std::is_same_v<IO, typename IO::plain>) {
+    if (takes_lane_pairs_tail(half, lanes)) {
+      return rotate_block_lane_pairs_tail<IO, Full>(d, p, blk, in, out, a);
+    }
+  }
+#endif
 #ifdef TILEROPE_BF16_BLOCKS
   if constexpr (std::is_same_v<T, std::uint16_t> && POut == pairs::halves) {
     if (takes_bf16_blocks<IO>(p, lanes)) {
