@@ -1145,10 +1145,10 @@ HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block
 // path's products, bit for bit), and stored as two n/2. The pair path took three overlapping
 // vectors of pairs, each widened by a widening load and a shift and narrowed by a
 // vcvtneps2bf16 of two uops. Intel, 16 + 16 heads of 80 in place, one thread, in cache (T =
-// 64): 0.163-0.166 to 0.119 ns per element (min); bench --only vision, eight alternations,
-// bf16 in place: 0.785 to 0.851 of the ceiling at one thread, 0.775 to 0.860 at two. Output
+// 64): 0.163-0.166 to 0.119 ns per element (min); bench --only vision, six alternations,
+// bf16 in place: 0.794 to 0.880 of the ceiling at one thread, 0.804 to 0.898 at two. Output
 // order (rotate_block_output_order) measured as fast in cache (0.113-0.119) but not in the
-// bench (0.775 at both thread counts, five alternations).
+// bench (0.775 at both thread counts, against 0.846 and 0.851 in five alternations).
 inline bool takes_lane_pairs_tail(std::int64_t half, std::int64_t lanes) {
   return half == 2 * lanes + lanes / 2;
 }
