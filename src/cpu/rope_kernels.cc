@@ -1160,15 +1160,8 @@ HWY_NOINLINE void rotate_block_lane_pairs_tail(df32 d, const rope_plan& p, const
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim;
   const std::int64_t pass = p.head_dim - rotary;
-  // the lane-pair step's angles [2n] (ca, sa, then cb, sb when full), held in registers
-  float* rows = angle_rows_scratch(p);
-  lane_pair_ordered(d, a.ca, 2 * n, rows);
-  lane_pair_ordered(d, a.sa, 2 * n, rows + 2 * n);
-  if constexpr (Full) {
-    lane_pair_ordered(d, a.cb, 2 * n, rows + 4 * n);
-    lane_pair_ordered(d, a.sb, 2 * n, rows + 6 * n);
-  }
-  const held_angles<Full, 2> f(d, token_angles{rows, rows + 2 * n, rows + 4 * n, rows + 6 * n});
+  // the lane-pair step's angles (rows of 2n), held in registers
+  const held_angles<Full, 2> f(d, lane_pair_angles(d, a, 2 * n, angle_rows_scratch(p)));
   // the tail's [c_a | c_b] and [-s_a | s_b] (frequencies 2n .. r/2)
   const hn::Half<df32> dq;                             // n/2 fp32
   const hn::Rebind<std::uint16_t, decltype(dq)> dq16;  // n/2 bf16
@@ -1180,20 +1173,12 @@ HWY_NOINLINE void rotate_block_lane_pairs_tail(df32 d, const rope_plan& p, const
     std::uint16_t* y = out + h * blk.out_h;
     prefetch_row(x, p.head_dim, p.prefetch_bytes);
     if (pass > 0 && x != y) std::memcpy(y + rotary, x + rotary, pass * sizeof(*x));
-    // the whole row loaded before any of it is stored (in place)
-    vf32 xa[2], xb[2];
-    load_pairs_step<IO, pairs::halves, true>(d, x, 0, half, xa, xb);
+    // the tail's pairs, which the lane-pair step neither reads nor writes
     const auto tail16 =
         hn::Combine(d16, hn::LoadU(dq16, x + half + 2 * n), hn::LoadU(dq16, x + 2 * n));
     const vf32 t = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32_t(), tail16)));
-    vf32 ya[2], yb[2];
-    for (int k = 0; k < 2; ++k) {
-      const vf32 cb = Full ? f.cb(k) : f.ca(k), sb = Full ? f.sb(k) : f.sa(k);
-      ya[k] = hn::MulSub(xa[k], f.ca(k), hn::Mul(xb[k], f.sa(k)));
-      yb[k] = hn::MulAdd(xb[k], cb, hn::Mul(xa[k], sb));
-    }
+    rotate_row_lane_pairs<IO, 2>(d, x, y, f, half);
     const vf32 yt = hn::MulAdd(t, tc, hn::Mul(hn::ConcatLowerUpper(d, t, t), ts));
-    store_pairs_step<IO, pairs::halves, true>(d, ya, yb, y, 0, half);
     const auto et = IO::encode(d, yt);
     hn::StoreU(hn::LowerHalf(dq16, et), dq16, y + 2 * n);
     hn::StoreU(hn::UpperHalf(dq16, et), dq16, y + half + 2 * n);
