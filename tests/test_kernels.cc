@@ -377,6 +377,114 @@ TEST(Kernels, MropeRunsOfTokensMatchGolden) {
   EXPECT_EQ(n, 2 * 4 * 4);
 }
 
+// MRoPE's text tokens (every axis at one position) must come out as RoPE at that position, bit
+// for bit, whatever the other tokens of the call. Every token's rows, text or not (one axis
+// apart, another, or both), must be x cos + rotate_half(x) sin (backward: its transpose) with
+// each frequency's angle from its own axis's table row, computed here in fp64. 150 tokens (two
+// whole runs of 64 and part of a third), q and k, f32 and bf16, forward and backward, in place
+// and out of place, one thread and two.
+TEST(Kernels, MropeTextTokensAreRopeAtTheirPosition) {
+  const std::int64_t T = 150, Hq = 4, Hk = 2, D = 128, half = D / 2, rows = 512;
+  std::vector<float> cos(rows * half), sin(rows * half);
+  for (std::int64_t p = 0; p < rows; ++p) {
+    for (std::int64_t j = 0; j < half; ++j) {
+      const double a = p * std::pow(1e4, -2.0 * j / D);
+      cos[p * half + j] = static_cast<float>(std::cos(a));
+      sin[p * half + j] = static_cast<float>(std::sin(a));
+    }
+  }
+  const auto table =
+      rope_angles::from_table(tensor_view::contiguous(cos.data(), dtype::f32, {rows, half}),
+                              tensor_view::contiguous(sin.data(), dtype::f32, {rows, half}));
+  // text tokens (t % 5 < 2) at one position; t % 5 == 2, 3, 4: h apart, w apart, both (far
+  // enough that even the lowest frequency's angle moves by over 0.1)
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<std::int64_t> at(0, rows - 201);
+  std::vector<std::int64_t> ids(3 * T), first(T);
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t p = at(rng), kind = t % 5;
+    first[t] = ids[t] = p;
+    ids[T + t] = kind == 2 || kind == 4 ? p + 100 : p;
+    ids[2 * T + t] = kind == 3 || kind == 4 ? p + 200 : p;
+  }
+  const auto map = mrope_axis_map({16, 24, 24}, mrope_layout::chunked);
+  const auto mrope =
+      rope_positions::from_axes(tensor_view::contiguous(ids.data(), dtype::i64, {3, T}), map);
+  const auto rope =
+      rope_positions::from_ids(tensor_view::contiguous(first.data(), dtype::i64, {T}));
+  const int before = num_threads();
+  int compared = 0;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (auto t : {dtype::f32, dtype::bf16}) {
+      for (bool backward : {false, true}) {
+        for (bool inplace : {true, false}) {
+          tensor q(t, {T, Hq, D}), k(t, {T, Hk, D});
+          std::normal_distribution<double> normal;
+          for (std::int64_t i = 0; i < q.numel(); ++i) store_from_f64(q.data(), t, i, normal(rng));
+          for (std::int64_t i = 0; i < k.numel(); ++i) store_from_f64(k.data(), t, i, normal(rng));
+          // a call's q and k outputs, from copies of q and k when in place
+          auto run = [&](const rope_positions& positions) {
+            std::array<tensor, 2> y{q.clone(), k.clone()};
+            rope_tensors rt;
+            rt.q = inplace ? y[0].view() : q.view();
+            rt.k = inplace ? y[1].view() : k.view();
+            if (!inplace) {
+              rt.q_out = y[0].view();
+              rt.k_out = y[1].view();
+            }
+            rope_options o;
+            o.backward = backward;
+            rope_apply(rope_style::neox, rt, positions, table, o);
+            return y;
+          };
+          const auto got = run(mrope), want_text = run(rope);
+          // relative to max(1, |y|): fp32 products, and bf16's rounding (2^-8)
+          const double tolerance = t == dtype::f32 ? 1e-6 : 1.0 / 128;
+          for (int x = 0; x < 2; ++x) {
+            const tensor& in = x == 0 ? q : k;
+            const std::int64_t H = x == 0 ? Hq : Hk;
+            const std::size_t row = H * D * size_of(t);
+            for (std::int64_t tok = 0; tok < T; ++tok) {
+              const bool text = tok % 5 < 2;
+              const auto* have = static_cast<const unsigned char*>(got[x].data()) + tok * row;
+              const auto* want = static_cast<const unsigned char*>(want_text[x].data()) + tok * row;
+              if (text) {
+                EXPECT_EQ(std::memcmp(have, want, row), 0)
+                    << (x == 0 ? "q" : "k") << " text token " << tok << " " << to_string(t)
+                    << " backward " << backward << " in place " << inplace << " threads "
+                    << threads;
+              }
+              double worst = 0;
+              for (std::int64_t h = 0; h < H; ++h) {
+                const std::size_t at0 = (tok * H + h) * D;
+                for (std::int64_t i = 0; i < half; ++i) {
+                  const std::int64_t p = ids[map[i] * T + tok];
+                  const double c = cos[p * half + i], s = sin[p * half + i] * (backward ? -1 : 1);
+                  const double a = load_as_f64(in.data(), t, at0 + i);
+                  const double b = load_as_f64(in.data(), t, at0 + half + i);
+                  for (auto [j, e] :
+                       {std::pair{i, a * c - b * s}, std::pair{half + i, b * c + a * s}}) {
+                    const double y = load_as_f64(got[x].data(), t, at0 + j);
+                    worst = std::max(worst, std::abs(y - e) / std::max(1.0, std::abs(e)));
+                  }
+                }
+              }
+              EXPECT_LT(worst, tolerance)
+                  << (x == 0 ? "q" : "k") << " token " << tok << (text ? " (text) " : " ")
+                  << to_string(t) << " backward " << backward << " in place " << inplace
+                  << " threads " << threads;
+              ++compared;
+            }
+          }
+        }
+      }
+    }
+  }
+  set_num_threads(before);
+  EXPECT_EQ(compared, 2 * 2 * 2 * 2 * 2 * T);
+}
+
 // A buffer of `bytes` aligned to 64 bytes (streaming stores need whole aligned vectors).
 std::unique_ptr<unsigned char, void (*)(void*)> aligned_bytes(std::size_t bytes) {
   return {static_cast<unsigned char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), std::free};
