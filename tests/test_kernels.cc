@@ -397,7 +397,7 @@ TEST(Kernels, MropeTextTokensAreRopeAtTheirPosition) {
       rope_angles::from_table(tensor_view::contiguous(cos.data(), dtype::f32, {rows, half}),
                               tensor_view::contiguous(sin.data(), dtype::f32, {rows, half}));
   // text tokens (t % 5 < 2) at one position; t % 5 == 2, 3, 4: h apart, w apart, both (far
-  // enough that even the lowest frequency's angle moves by over 0.1)
+  // enough that each moved axis's highest frequency turns by over half a radian)
   std::mt19937 rng(23);
   std::uniform_int_distribution<std::int64_t> at(0, rows - 201);
   std::vector<std::int64_t> ids(3 * T), first(T);
