@@ -19,10 +19,10 @@ int num_threads();
 /// Software prefetch distance of the CPU kernels, in bytes: as a kernel reads each row of q
 /// or k (or of the backward's inputs), it asks for the lines this far beyond it in the same
 /// buffer (rows of a multiple of 256 bytes: 0 to 255 bytes further, from 128 bytes into a
-/// 256-byte block of the address space). 0 turns it off. The default is the TILEROPE_PREFETCH_BYTES
-/// environment variable if set, otherwise 2048 on Intel CPUs and 0 on others (docs/benchmarks.md
-/// gives the measurements). A value outside [0, 2^20] throws tilerope::error. Results do not depend
-/// on it.
+/// 256-byte block of the address space). 0 turns it off. The default is the
+/// TILEROPE_PREFETCH_BYTES environment variable if set, otherwise 2048 on Intel CPUs and 0 on
+/// others (docs/benchmarks.md gives the measurements). A value outside [0, 2^20] throws
+/// tilerope::error. Results do not depend on it.
 void set_prefetch_bytes(std::int64_t bytes);
 std::int64_t prefetch_bytes();
 
