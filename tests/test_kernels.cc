@@ -260,6 +260,36 @@ TEST(Kernels, QkNormBackwardWithZeroWeightsMatchesGolden) {
   EXPECT_EQ(n, 3 * 4 * 2 * 2);
 }
 
+// The backward takes its tokens in runs of 16, q's rows of a run and then k's: tokens past one
+// run, a last run cut short, and sequences of a batch that end inside a run.
+TEST(Kernels, QkNormBackwardOverRunsOfTokensMatchesGolden) {
+  std::uint64_t seed = 2100;
+  int n = 0;
+  for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    for (auto layout : {cli::x_layout::thd, cli::x_layout::bshd, cli::x_layout::bhsd}) {
+      for (bool inplace : {true, false}) {
+        rope_case c;
+        c.name = "qknorm-backward-runs";
+        c.qk_norm = true;
+        c.backward = true;
+        c.x_type = t;
+        c.layout = layout;
+        c.batch = layout == cli::x_layout::thd ? 1 : 2;
+        c.tokens = layout == cli::x_layout::thd ? 37 : 21;
+        c.head_dim = c.rotary_dim = 128;
+        c.q_heads = 5;
+        c.k_heads = 2;
+        c.inplace = inplace;
+        c.seed = seed++;
+        const auto res = cli::run_case(c);
+        EXPECT_TRUE(res.pass) << describe(c, res);
+        ++n;
+      }
+    }
+  }
+  EXPECT_EQ(n, 3 * 3 * 2);
+}
+
 // Position 0 is the identity, bit for bit, in every dtype.
 TEST(Kernels, PositionZeroIsIdentity) {
   for (auto style : {rope_style::neox, rope_style::gptj}) {
