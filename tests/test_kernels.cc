@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cases.h"
@@ -230,6 +231,20 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
 // QK RMSNorm + RoPE's backward with some weights 0, which the held rows (AVX-512, head dims
 // 32, 64 and 128) do not fold into their angles (nor divide dw by): every such call takes the
 // other path, and it matches the golden too, dx and dw, both pair layouts, in place and not.
+// A QK RMSNorm backward case: heads of d, every dim rotated, weights drawn around 1.
+rope_case qk_norm_backward_case(std::string name, dtype t, int d, bool inplace,
+                                std::uint64_t seed) {
+  rope_case c;
+  c.name = std::move(name);
+  c.qk_norm = true;
+  c.backward = true;
+  c.x_type = t;
+  c.head_dim = c.rotary_dim = d;
+  c.inplace = inplace;
+  c.seed = seed;
+  return c;
+}
+
 TEST(Kernels, QkNormBackwardWithZeroWeightsMatchesGolden) {
   std::uint64_t seed = 2000;
   int n = 0;
@@ -237,19 +252,12 @@ TEST(Kernels, QkNormBackwardWithZeroWeightsMatchesGolden) {
     for (int d : {32, 64, 128, 80}) {
       for (auto style : {rope_style::neox, rope_style::gptj}) {
         for (bool inplace : {true, false}) {
-          rope_case c;
-          c.name = "qknorm-zero-weights";
-          c.qk_norm = true;
+          rope_case c = qk_norm_backward_case("qknorm-zero-weights", t, d, inplace, seed++);
           c.zero_weights = true;
-          c.backward = true;
           c.style = style;
-          c.x_type = t;
-          c.head_dim = c.rotary_dim = d;
           c.tokens = 3;
           c.q_heads = 6;
           c.k_heads = 2;
-          c.inplace = inplace;
-          c.seed = seed++;
           const auto res = cli::run_case(c);
           EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d;
           ++n;
@@ -268,19 +276,12 @@ TEST(Kernels, QkNormBackwardOverRunsOfTokensMatchesGolden) {
   for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
     for (auto layout : {cli::x_layout::thd, cli::x_layout::bshd, cli::x_layout::bhsd}) {
       for (bool inplace : {true, false}) {
-        rope_case c;
-        c.name = "qknorm-backward-runs";
-        c.qk_norm = true;
-        c.backward = true;
-        c.x_type = t;
+        rope_case c = qk_norm_backward_case("qknorm-backward-runs", t, 128, inplace, seed++);
         c.layout = layout;
         c.batch = layout == cli::x_layout::thd ? 1 : 2;
         c.tokens = layout == cli::x_layout::thd ? 37 : 21;
-        c.head_dim = c.rotary_dim = 128;
         c.q_heads = 5;
         c.k_heads = 2;
-        c.inplace = inplace;
-        c.seed = seed++;
         const auto res = cli::run_case(c);
         EXPECT_TRUE(res.pass) << describe(c, res);
         ++n;

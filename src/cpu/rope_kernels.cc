@@ -885,20 +885,25 @@ template <class IO, pairs PIn, pairs POut, int NV, class Angles, class Pre>
 HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typename IO::storage* y,
                                    const Angles& f, std::int64_t half, Pre pre) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
-  const bool whole_first = (PIn != POut && x == y) || sizeof(typename IO::storage) == 2;
-  vf32 xa[NV], xb[NV];
-  if (whole_first) {
-    for (int v = 0; v < NV; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-  }
-  for (int v = 0; v < NV; ++v) {
-    if (!whole_first) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
-    const vf32 first = pre(in_register(xa[v]), false, v * n);
-    const vf32 second = pre(in_register(xb[v]), true, v * n);
+  auto rotate = [&](int v, vf32 xa, vf32 xb) TILEROPE_INLINE_LAMBDA {
+    const vf32 first = pre(in_register(xa), false, v * n);
+    const vf32 second = pre(in_register(xb), true, v * n);
     const vf32 ca = f.ca(v), sa = f.sa(v);
     const vf32 cb = Angles::full ? f.cb(v) : ca, sb = Angles::full ? f.sb(v) : sa;
     const vf32 ya = hn::MulSub(first, ca, hn::Mul(second, sa));
     const vf32 yb = hn::MulAdd(second, cb, hn::Mul(first, sb));
     store_pair<IO, POut>(d, ya, yb, y, v * n, half);
+  };
+  if ((PIn != POut && x == y) || sizeof(typename IO::storage) == 2) {  // the whole row first
+    vf32 xa[NV], xb[NV];
+    for (int v = 0; v < NV; ++v) load_pair<IO, PIn>(d, x, v * n, half, xa[v], xb[v]);
+    for (int v = 0; v < NV; ++v) rotate(v, xa[v], xb[v]);
+  } else {
+    for (int v = 0; v < NV; ++v) {
+      vf32 xa, xb;
+      load_pair<IO, PIn>(d, x, v * n, half, xa, xb);
+      rotate(v, xa, xb);
+    }
   }
 }
 
