@@ -1700,6 +1700,14 @@ float* run_scratch(const rope_plan& p) {
   return line_aligned(scratch, static_cast<std::size_t>(angle_run * 2 * p.rotary_dim));
 }
 
+// fn on one block's rows of token (b, s): its first head row in and out.
+template <class T, class Fn>
+HWY_INLINE void call_on_block(const head_block& blk, std::int64_t b, std::int64_t s,
+                              const token_angles& a, Fn& fn) {
+  fn(b, s, a, blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
+     static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
+}
+
 // Tokens [first, last): the angles once per token (into `angle_scratch` when they need it;
 // MRoPE's for a run of tokens at a time, above), then fn(b, s, angles, block, in, out) for q's
 // and k's heads of the token, in and out pointing at its first head row. Tokens taken one at a
@@ -1712,11 +1720,7 @@ HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int6
                                float* angle_scratch, Fn&& fn) {
   auto blocks_of = [&](std::int64_t token, const token_angles& a) {
     const std::int64_t b = token / p.seq, s = token % p.seq;
-    for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
-      fn(b, s, a, blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
-         static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
-    }
+    for (int k = 0; k < p.num_blocks; ++k) call_on_block<T>(p.blocks[k], b, s, a, fn);
   };
   if (!gathers_angles_in_runs(p) || last - first == 1) {
     for (std::int64_t t = first; t < last; ++t) {
@@ -1750,18 +1754,13 @@ constexpr std::int64_t block_run = 16;
 template <class T, class Fn>
 HWY_INLINE void for_each_block_in_runs(const rope_plan& p, std::int64_t first, std::int64_t last,
                                        float* angle_scratch, Fn&& fn) {
-  if (p.num_blocks == 1 || gathers_angles_in_runs(p)) {
-    return for_each_block<T>(p, first, last, angle_scratch, fn);
-  }
+  if (gathers_angles_in_runs(p)) return for_each_block<T>(p, first, last, angle_scratch, fn);
   for (std::int64_t t0 = first; t0 < last; t0 += block_run) {
     const std::int64_t t1 = std::min(last, t0 + block_run);
     for (int k = 0; k < p.num_blocks; ++k) {
-      const head_block& blk = p.blocks[k];
       for (std::int64_t t = t0; t < t1; ++t) {
         const std::int64_t b = t / p.seq, s = t % p.seq;
-        fn(b, s, angles_for(p, b, s, angle_scratch), blk,
-           static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
-           static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
+        call_on_block<T>(p.blocks[k], b, s, angles_for(p, b, s, angle_scratch), fn);
       }
     }
   }
