@@ -242,9 +242,10 @@ rope_case qk_norm_backward_case(std::string name, dtype t, int d, bool inplace,
   return c;
 }
 
-// QK RMSNorm + RoPE's backward with some weights 0, which the held rows (AVX-512, head dims
-// 32, 64 and 128) do not fold into their angles (nor divide dw by): every such call takes the
-// other path, and it matches the golden too, dx and dw, both pair layouts, in place and not.
+// QK RMSNorm + RoPE's backward with some weights 0, which neither the held rows (AVX-512, head
+// dims 32, 64 and 128) nor the rows of whole vectors without AVX-512 fold into their angles (nor
+// divide dw by): every such call takes the unfolded path, and it matches the golden too, dx and
+// dw, both pair layouts, in place and not.
 TEST(Kernels, QkNormBackwardWithZeroWeightsMatchesGolden) {
   std::uint64_t seed = 2000;
   int n = 0;

@@ -2579,7 +2579,18 @@ HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq
 // order (widen_bf16_blocks, narrow_bf16_blocks: one NaN test and the u16 rounding for two
 // vectors), the angles and weights put in block order once per block and the dw terms put
 // back at its end; bf16 in memory 0.53 to 0.47, in L2 0.49-0.62 to 0.43-0.48.
-template <class IO, pairs PIn, pairs POut, bool Full, bool Blocks = false>
+// Weighted (the block's weights fold: blk.inverse_weight), as the held rows: the rotation takes
+// the weights folded into the angles (weighted_angles), so it gives q = w dh, the dot is one FMA
+// a vector, the apply takes r q once (dx = r q - coef x, dw' += (r q) x) and the block's dw' is
+// divided by w in fp64: 14 vector operations a vector of pairs where there were 20, and no
+// weight loads. Intel with AVX2 (TILEROPE_CPU_TARGET=avx2), one thread, 32 + 8 heads of 128, min
+// ns per element of each alternation (three for bf16 in L2, two for the rest): in L2 (T = 32, in
+// place) bf16 0.330-0.332 to 0.310-0.311, f16 0.270-0.271 to 0.230-0.231, f32 0.297-0.300 to
+// 0.274-0.288; in memory (T = 8192) bf16 in place 0.419-0.434 to 0.393-0.403, out of place
+// 0.526-0.527 to 0.512-0.516. bench --only qk-norm-rope-bwd there, five alternations, one / two
+// threads: in place bf16 0.546 / 0.524 to 0.578 / 0.541, f16 0.611 / 0.598 to 0.656 / 0.612, f32
+// 0.732 / 0.721 to 0.767 / 0.751; out of place within 0.01.
+template <class IO, pairs PIn, pairs POut, bool Full, bool Blocks = false, bool Weighted = false>
 HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
                                             const typename IO::storage* g_in,
                                             typename IO::storage* dx_out,
@@ -2595,13 +2606,16 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
   // Blocks the angles and weights in block order, after tdw_out
   const float *wa = blk.weight_a, *wb = blk.weight_b;
   token_angles angles{a.ca, a.sa, a.cb, a.sb, Full};
+  float* ordered = tdw_out + D;  // [4 r/2] angles (Weighted: w cos, w sin), [2 r/2] weights
+  if constexpr (Weighted) angles = weighted_angles(d, a, wa, wb, half, ordered);
 #if TILEROPE_BF16_BLOCKS
   if constexpr (Blocks) {
-    float* ordered = tdw_out + D;  // [4 r/2] angles, [2 r/2] weights
-    angles = block_ordered(d, a, half, ordered);
-    const token_angles w = block_ordered(d, token_angles{wa, wb, wa, wb}, half, ordered + 2 * D);
-    wa = w.ca;
-    wb = w.sa;
+    angles = block_ordered(d, angles, half, ordered);  // Weighted: in place
+    if constexpr (!Weighted) {
+      const token_angles w = block_ordered(d, token_angles{wa, wb, wa, wb}, half, ordered + 2 * D);
+      wa = w.ca;
+      wb = w.sa;
+    }
   }
 #endif
   // dh of head h in rows[(h mod 2 group) D, ...): this group's and the next one's
@@ -2612,21 +2626,34 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
     vf32 sqa, sqb, dota, dotb;
   };
   // one vector of pairs at frequency i, loaded: dh staged and the sums
-  auto sum_vectors = [&](vf32 ga, vf32 gb, vf32 xa, vf32 xb, float* dh, std::int64_t i, sums& s)
-                         TILEROPE_INLINE_LAMBDA {
-                           vf32 dha, dhb;
-                           rotate_vectors<f32_io, false, Full>(d, ga, gb, i, angles, dha, dhb);
-                           hn::StoreU(dha, d, dh + i);
-                           hn::StoreU(dhb, d, dh + half + i);
-                           s.sqa = hn::MulAdd(xa, xa, s.sqa);
-                           s.sqb = hn::MulAdd(xb, xb, s.sqb);
-                           s.dota = hn::MulAdd(hn::Mul(hn::LoadU(d, wa + i), dha), xa, s.dota);
-                           s.dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, wb + i), dhb), xb, s.dotb);
-                         };
+  auto sum_vectors = [&](vf32 ga, vf32 gb, vf32 xa, vf32 xb, float* dh, std::int64_t i,
+                         sums& s) TILEROPE_INLINE_LAMBDA {
+    vf32 dha, dhb;  // Weighted: q = w dh
+    rotate_vectors<f32_io, false, Full || Weighted>(d, ga, gb, i, angles, dha, dhb);
+    hn::StoreU(dha, d, dh + i);
+    hn::StoreU(dhb, d, dh + half + i);
+    s.sqa = hn::MulAdd(xa, xa, s.sqa);
+    s.sqb = hn::MulAdd(xb, xb, s.sqb);
+    if constexpr (Weighted) {
+      s.dota = hn::MulAdd(dha, xa, s.dota);
+      s.dotb = hn::MulAdd(dhb, xb, s.dotb);
+    } else {
+      s.dota = hn::MulAdd(hn::Mul(hn::LoadU(d, wa + i), dha), xa, s.dota);
+      s.dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, wb + i), dhb), xb, s.dotb);
+    }
+  };
   // dx of one vector of pairs at frequency i into (ya, yb), and its dw terms
   auto apply_vectors = [&](vf32 xa, vf32 xb, const float* dh, vf32 rv, vf32 cv, std::int64_t i,
                            vf32& ya, vf32& yb) TILEROPE_INLINE_LAMBDA {
     const vf32 dha = hn::LoadU(d, dh + i), dhb = hn::LoadU(d, dh + half + i);
+    if constexpr (Weighted) {  // r q once: dw' += (r q) x,  dx = r q - coef x
+      const vf32 qra = hn::Mul(dha, rv), qrb = hn::Mul(dhb, rv);
+      ya = hn::NegMulAdd(cv, xa, qra);
+      yb = hn::NegMulAdd(cv, xb, qrb);
+      hn::StoreU(hn::MulAdd(qra, xa, hn::LoadU(d, tdw + i)), d, tdw + i);
+      hn::StoreU(hn::MulAdd(qrb, xb, hn::LoadU(d, tdw + half + i)), d, tdw + half + i);
+      return;
+    }
     ya = hn::MulSub(rv, hn::Mul(hn::LoadU(d, wa + i), dha), hn::Mul(cv, xa));
     yb = hn::MulSub(rv, hn::Mul(hn::LoadU(d, wb + i), dhb), hn::Mul(cv, xb));
     hn::StoreU(hn::MulAdd(hn::Mul(dha, xa), rv, hn::LoadU(d, tdw + i)), d, tdw + i);
@@ -2742,7 +2769,8 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
     store_pair<f32_io, POut>(d, hn::LoadU(d, tdw + i), hn::LoadU(d, tdw + half + i), tdw_out, i,
                              half);
   }
-  add_into_f64(tdw_out, blk.weight_grad + chunk * D, D);
+  // Weighted: the sums are of w dw, divided by w in fp64
+  add_into_f64<Weighted>(tdw_out, blk.weight_grad + chunk * D, D, blk.inverse_weight);
 }
 
 // Backward of QK RMSNorm + RoPE (PIn, POut are the backward rotation's layouts), per token
@@ -2816,6 +2844,10 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
     if constexpr (std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::halves &&
                   POut == pairs::halves) {
       if (half % (2 * lanes) == 0) {  // bf16 halves a vector of bf16 at a time, in block order
+        if (blk.inverse_weight != nullptr) {
+          return norm_backward_block_ahead<IO, PIn, POut, true, true, true>(d, p, blk, g_in, dx_out,
+                                                                            x_in, a, rows, chunk);
+        }
         if (a.full) {
           return norm_backward_block_ahead<IO, PIn, POut, true, true>(d, p, blk, g_in, dx_out, x_in,
                                                                       a, rows, chunk);
@@ -2825,6 +2857,10 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
       }
     }
 #endif
+    if (blk.inverse_weight != nullptr) {
+      return norm_backward_block_ahead<IO, PIn, POut, true, false, true>(d, p, blk, g_in, dx_out,
+                                                                         x_in, a, rows, chunk);
+    }
     if (a.full) {
       return norm_backward_block_ahead<IO, PIn, POut, true>(d, p, blk, g_in, dx_out, x_in, a, rows,
                                                             chunk);
