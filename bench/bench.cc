@@ -360,6 +360,7 @@ nlohmann::json to_json(const row& r) {
 // The kernels measured. Each is one library call over q [T, Hq, D] and k [T, Hk, D].
 enum class kernel_kind {
   rope_neox,        // table f32 [max_pos, D/2] by position ids
+  rope_neox_theta,  // angles computed per token from theta (rope_angles::from_theta)
   rope_gptj,        // the same, adjacent pairs
   vision,           // rows [S, D] f32 per patch, as Qwen2-VL's vision tower passes them
   mrope,            // positions [3, T], sections [16, 24, 24] chunked, table f32
@@ -374,6 +375,8 @@ const char* name_of(kernel_kind k) {
   switch (k) {
     case kernel_kind::rope_neox:
       return "rope-neox";
+    case kernel_kind::rope_neox_theta:
+      return "rope-neox-theta";
     case kernel_kind::rope_gptj:
       return "rope-gptj";
     case kernel_kind::vision:
@@ -494,6 +497,12 @@ problem make_problem(kernel_kind kind, const shape_case& s, dtype t, bool inplac
       const rope_style style = kind == kernel_kind::rope_gptj ? rope_style::gptj : rope_style::neox;
       options.backward = kind == kernel_kind::rope_neox_bwd;
       p.run = [=] { rope_apply(style, x, positions, angles, options); };
+      break;
+    }
+    case kernel_kind::rope_neox_theta: {
+      p.bytes = 2.0 * p.x_bytes + T * 8.0;  // no table: the angles are computed
+      const auto computed = rope_angles::from_theta(1e6);
+      p.run = [=] { rope_apply(rope_style::neox, x, positions, computed); };
       break;
     }
     case kernel_kind::interleave:
@@ -804,7 +813,8 @@ int run_bench(const bench_options& o) {
     shape_case shape;
   };
   for (const auto& [kind, s] :
-       {variant_shape{kernel_kind::vision, vision_shape}, variant_shape{kernel_kind::mrope, qwen3},
+       {variant_shape{kernel_kind::rope_neox_theta, qwen3},
+        variant_shape{kernel_kind::vision, vision_shape}, variant_shape{kernel_kind::mrope, qwen3},
         variant_shape{kernel_kind::qk_norm_rope, qwen3},
         variant_shape{kernel_kind::interleave, qwen3},
         variant_shape{kernel_kind::rope_neox_bwd, qwen3},
@@ -821,8 +831,9 @@ int run_bench(const bench_options& o) {
   // small problems stay on the caller)
   for (std::int64_t T : {1, 16}) {
     const shape_case s{"decode", T, 32, 8, 128, true};
-    for (kernel_kind kind : {kernel_kind::rope_neox, kernel_kind::rope_gptj, kernel_kind::mrope,
-                             kernel_kind::qk_norm_rope}) {
+    for (kernel_kind kind :
+         {kernel_kind::rope_neox, kernel_kind::rope_neox_theta, kernel_kind::rope_gptj,
+          kernel_kind::mrope, kernel_kind::qk_norm_rope}) {
       for (dtype t : quick_types) {
         for (int th : thread_counts) {
           if (o.quick && (th > 1 || T > 1) && kind != kernel_kind::rope_neox) continue;
