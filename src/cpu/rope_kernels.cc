@@ -731,19 +731,19 @@ void computed_angle(const rope_plan& p, std::int64_t at, std::int64_t i, float& 
 // max_reduced_angle or a position past 2^31 take computed_angle. Against computed_angle for
 // every frequency (Intel, one thread, rope-neox bf16 in place, 32 + 8 heads of 128, T = 64 in
 // cache, min ns per element): 0.165-0.175 to 0.097, where a table takes 0.071-0.081;
-// hf_compat 0.230 to 0.105; with AVX2 0.217 to 0.154 (a table 0.124). In memory (T = 8192):
-// 0.310-0.314 to 0.176-0.178, a table 0.167-0.170.
+// hf_compat 0.224-0.230 to 0.105; with AVX2 0.211-0.217 to 0.152-0.154 (a table 0.121-0.124).
+// In memory (T = 8192): 0.310-0.314 to 0.176-0.178, a table 0.167-0.170.
 void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float* ca, float* sa) {
   const std::int64_t half = p.rotary_dim / 2;
   const bool accurate = p.precision == angle_precision::accurate;
+  std::int64_t i = 0;
+#if HWY_TARGET != HWY_SCALAR  // one lane: libm is as fast (1.00 against 1.06 ns per element)
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;  // as many fp32 lanes, half a vector
   const auto n = static_cast<std::int64_t>(hn::Lanes(dd));
   const auto position_limit = hn::Set(dd, 0x1p31);
   const auto angle_limit = hn::Set(dd, max_reduced_angle);
   alignas(64) double at[HWY_MAX_BYTES / sizeof(double)];
-  std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR  // one lane: libm is as fast (1.00 against 1.06 ns per element)
   for (; i + n <= half; i += n) {
     auto position = hn::Set(dd, static_cast<double>(pos));
     if (p.axis_of_frequency != nullptr) {
