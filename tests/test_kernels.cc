@@ -1231,6 +1231,55 @@ TEST(Kernels, ComputedAnglesMatchLibm) {
   EXPECT_EQ(values, 2 * 8 * T * (64 + 40));
 }
 
+// Computed angles rotate as a table of the same angles does (make_rope_table: fp32 for
+// accurate, the x dtype for hf_compat, as HF keeps its tables), bit for bit: the same kernels
+// over the same fp32 cos and sin. For hf_compat with 16-bit x this checks the computed angles'
+// rounding to the x dtype, on each target.
+TEST(Kernels, ComputedAnglesRotateAsTheirTable) {
+  const std::int64_t T = 600, Hq = 4, Hk = 2, D = 128;
+  tensor ids(dtype::i64, {T});
+  auto* id = static_cast<std::int64_t*>(ids.data());
+  std::mt19937_64 rng(99);
+  for (std::int64_t t = 0; t < T; ++t)
+    id[t] = t < 300 ? t : static_cast<std::int64_t>(rng() % 4096);
+  int compared = 0;
+  for (auto t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    tensor q(t, {T, Hq, D}), k(t, {T, Hk, D});
+    std::uniform_real_distribution<double> u(-2.0, 2.0);
+    for (tensor* x : {&q, &k}) {
+      for (std::int64_t e = 0; e < x->numel(); ++e) {
+        store_from_f64(x->data(), t, static_cast<std::size_t>(e), u(rng));
+      }
+    }
+    for (auto precision : {angle_precision::accurate, angle_precision::hf_compat}) {
+      for (auto style : {rope_style::neox, rope_style::gptj}) {
+        const rope_table table =
+            make_rope_table(4096, static_cast<int>(D), 1e6,
+                            precision == angle_precision::accurate ? dtype::f32 : t, precision);
+        tensor outs[2][2] = {{tensor(t, {T, Hq, D}), tensor(t, {T, Hk, D})},
+                             {tensor(t, {T, Hq, D}), tensor(t, {T, Hk, D})}};
+        for (int from_table = 0; from_table < 2; ++from_table) {
+          rope_tensors io;
+          io.q = q;
+          io.k = k.view();
+          io.q_out = outs[from_table][0].view();
+          io.k_out = outs[from_table][1].view();
+          rope_apply(style, io, rope_positions::from_ids(ids),
+                     from_table ? rope_angles::from_table(table.cos, table.sin)
+                                : rope_angles::from_theta(1e6, precision));
+        }
+        for (int j = 0; j < 2; ++j) {
+          EXPECT_EQ(std::memcmp(outs[0][j].data(), outs[1][j].data(), outs[0][j].bytes()), 0)
+              << to_string(t) << " " << to_string(precision) << " " << to_string(style)
+              << (j == 0 ? " q" : " k");
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 2 * 2 * 2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
