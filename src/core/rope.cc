@@ -583,8 +583,9 @@ void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions
         last.theta = angles.theta;
         last.precision = angles.precision;
       }
-      st.inv_freq = last.inv_freq;
-      st.inv_freq_f32 = last.inv_freq_f32;
+      // read in place: the plan lives for this call, and only this thread's next call changes them
+      plan.inv_freq = last.inv_freq.data();
+      plan.inv_freq_f32 = last.inv_freq_f32.data();
     } else {
       if (static_cast<std::int64_t>(angles.inv_freq.size()) != half) {
         throw error("inv_freq has " + num(static_cast<std::int64_t>(angles.inv_freq.size())) +
@@ -598,9 +599,9 @@ void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions
       }
       st.inv_freq = angles.inv_freq;
       for (double f : st.inv_freq) st.inv_freq_f32.push_back(static_cast<float>(f));
+      plan.inv_freq = st.inv_freq.data();
+      plan.inv_freq_f32 = st.inv_freq_f32.data();
     }
-    plan.inv_freq = st.inv_freq.data();
-    plan.inv_freq_f32 = st.inv_freq_f32.data();
     plan.precision = angles.precision;
     plan.attention_scaling = angles.attention_scaling;
   }
