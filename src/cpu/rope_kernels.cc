@@ -706,9 +706,6 @@ inline bool same_halves(const float* first, const float* second, std::int64_t ha
   return std::memcmp(first, second, static_cast<std::size_t>(half) * sizeof(float)) == 0;
 }
 
-// The angles of token (b, s): straight out of an fp32 table or row when no conversion, plane
-// gather or sign change is needed, else through `scratch` (4 * r/2 floats). Backward takes
-// the transpose of the forward: ca, cb kept, (sa, sb) -> (-sb, -sa).
 // The angle of frequency i at position `at`, and its cos and sin, one at a time (libm).
 void computed_angle(const rope_plan& p, std::int64_t at, std::int64_t i, float& c, float& sn) {
   if (p.precision == angle_precision::accurate) {
@@ -736,6 +733,9 @@ void computed_angle(const rope_plan& p, std::int64_t at, std::int64_t i, float& 
 void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float* ca, float* sa) {
   const std::int64_t half = p.rotary_dim / 2;
   const bool accurate = p.precision == angle_precision::accurate;
+  auto position_at = [&](std::int64_t i) {  // of frequency i
+    return p.axis_of_frequency ? axis_position_of(p, i, s) : pos;
+  };
   std::int64_t i = 0;
 #if HWY_TARGET != HWY_SCALAR  // one lane: libm is as fast (1.00 against 1.06 ns per element)
   const hn::ScalableTag<double> dd;
@@ -747,8 +747,7 @@ void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float
   for (; i + n <= half; i += n) {
     auto position = hn::Set(dd, static_cast<double>(pos));
     if (p.axis_of_frequency != nullptr) {
-      for (std::int64_t k = 0; k < n; ++k)
-        at[k] = static_cast<double>(axis_position_of(p, i + k, s));
+      for (std::int64_t k = 0; k < n; ++k) at[k] = static_cast<double>(position_at(i + k));
       position = hn::Load(dd, at);
     }
     auto a = accurate ? hn::Mul(position, hn::LoadU(dd, p.inv_freq + i))
@@ -756,10 +755,7 @@ void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float
                                                   hn::LoadU(df, p.inv_freq_f32 + i)));
     if (HWY_UNLIKELY(!hn::AllTrue(dd, hn::And(hn::Lt(hn::Abs(position), position_limit),
                                               hn::Lt(hn::Abs(a), angle_limit))))) {
-      for (std::int64_t k = i; k < i + n; ++k) {
-        const std::int64_t at_k = p.axis_of_frequency ? axis_position_of(p, k, s) : pos;
-        computed_angle(p, at_k, k, ca[k], sa[k]);
-      }
+      for (std::int64_t k = i; k < i + n; ++k) computed_angle(p, position_at(k), k, ca[k], sa[k]);
       continue;
     }
     hn::Vec<decltype(dd)> sin_a, cos_a;
@@ -775,9 +771,7 @@ void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float
     }
   }
 #endif
-  for (; i < half; ++i) {
-    computed_angle(p, p.axis_of_frequency ? axis_position_of(p, i, s) : pos, i, ca[i], sa[i]);
-  }
+  for (; i < half; ++i) computed_angle(p, position_at(i), i, ca[i], sa[i]);
   if (accurate || p.x_type == dtype::f32) return;
   // hf_compat keeps its angles in the x dtype (the libm lanes are rounded already: rounding
   // again leaves them as they are)
@@ -787,14 +781,15 @@ void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float
     std::int64_t j = 0;
     for (; j + lanes <= half; j += lanes) {
       const vf32 v = hn::LoadU(d, row + j);
-      const vf32 r = p.x_type == dtype::f16 ? f16_to_f32(d, f32_to_f16(d, v))
-                                            : hn::BitCast(d, hn::ShiftLeft<16>(f32_to_bf16(d, v)));
-      hn::StoreU(r, d, row + j);
+      hn::StoreU(p.x_type == dtype::f16 ? f16_io::round(d, v) : bf16_io::round(d, v), d, row + j);
     }
     for (; j < half; ++j) row[j] = round_to(p.x_type, row[j]);
   }
 }
 
+// The angles of token (b, s): straight out of an fp32 table or row when no conversion, plane
+// gather or sign change is needed, else through `scratch` (4 * r/2 floats). Backward takes
+// the transpose of the forward: ca, cb kept, (sa, sb) -> (-sb, -sa).
 token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, float* scratch) {
   const df32 d;
   const std::int64_t half = p.rotary_dim / 2;
@@ -2671,6 +2666,7 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
                                             typename IO::storage* dx_out,
                                             const typename IO::storage* x_in, const token_angles& a,
                                             float* rows, int chunk) {
+  static_assert(!Weighted || Full);  // the folded angles are four rows
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim, heads = blk.heads;
   constexpr std::int64_t group = norm_group;
@@ -2701,22 +2697,22 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
     vf32 sqa, sqb, dota, dotb;
   };
   // one vector of pairs at frequency i, loaded: dh staged and the sums
-  auto sum_vectors = [&](vf32 ga, vf32 gb, vf32 xa, vf32 xb, float* dh, std::int64_t i,
-                         sums& s) TILEROPE_INLINE_LAMBDA {
-    vf32 dha, dhb;  // Weighted: q = w dh
-    rotate_vectors<f32_io, false, Full || Weighted>(d, ga, gb, i, angles, dha, dhb);
-    hn::StoreU(dha, d, dh + i);
-    hn::StoreU(dhb, d, dh + half + i);
-    s.sqa = hn::MulAdd(xa, xa, s.sqa);
-    s.sqb = hn::MulAdd(xb, xb, s.sqb);
-    if constexpr (Weighted) {
-      s.dota = hn::MulAdd(dha, xa, s.dota);
-      s.dotb = hn::MulAdd(dhb, xb, s.dotb);
-    } else {
-      s.dota = hn::MulAdd(hn::Mul(hn::LoadU(d, wa + i), dha), xa, s.dota);
-      s.dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, wb + i), dhb), xb, s.dotb);
-    }
-  };
+  auto sum_vectors = [&](vf32 ga, vf32 gb, vf32 xa, vf32 xb, float* dh, std::int64_t i, sums& s)
+                         TILEROPE_INLINE_LAMBDA {
+                           vf32 dha, dhb;  // Weighted: q = w dh
+                           rotate_vectors<f32_io, false, Full>(d, ga, gb, i, angles, dha, dhb);
+                           hn::StoreU(dha, d, dh + i);
+                           hn::StoreU(dhb, d, dh + half + i);
+                           s.sqa = hn::MulAdd(xa, xa, s.sqa);
+                           s.sqb = hn::MulAdd(xb, xb, s.sqb);
+                           if constexpr (Weighted) {
+                             s.dota = hn::MulAdd(dha, xa, s.dota);
+                             s.dotb = hn::MulAdd(dhb, xb, s.dotb);
+                           } else {
+                             s.dota = hn::MulAdd(hn::Mul(hn::LoadU(d, wa + i), dha), xa, s.dota);
+                             s.dotb = hn::MulAdd(hn::Mul(hn::LoadU(d, wb + i), dhb), xb, s.dotb);
+                           }
+                         };
   // dx of one vector of pairs at frequency i into (ya, yb), and its dw terms
   auto apply_vectors = [&](vf32 xa, vf32 xb, const float* dh, vf32 rv, vf32 cv, std::int64_t i,
                            vf32& ya, vf32& yb) TILEROPE_INLINE_LAMBDA {
