@@ -2447,18 +2447,20 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
 template <bool Scaled = false>
 HWY_INLINE void add_into_f64(const float* t, double* dw, std::int64_t n,
                              const double* scale = nullptr) {
-  std::int64_t j = 0;
+  std::int64_t whole = 0;  // elements [0, whole) a vector at a time
 #if HWY_HAVE_FLOAT64
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> dh;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(dd));
-  for (; j + lanes <= n; j += lanes) {
+  whole = n - n % lanes;
+  for (std::int64_t j = 0; j < whole; j += lanes) {
     auto term = hn::PromoteTo(dd, hn::LoadU(dh, t + j));
     if constexpr (Scaled) term = hn::Mul(term, hn::LoadU(dd, scale + j));
     hn::StoreU(hn::Add(hn::LoadU(dd, dw + j), term), dd, dw + j);
   }
 #endif
-  for (; j < n; ++j) dw[j] += static_cast<double>(t[j]) * (Scaled ? scale[j] : 1.0);
+  for (std::int64_t j = whole; j < n; ++j)
+    dw[j] += static_cast<double>(t[j]) * (Scaled ? scale[j] : 1.0);
 }
 
 // The token's angles with the block's weights folded in, for the backward's held rows: the
