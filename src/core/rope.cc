@@ -279,12 +279,11 @@ std::int64_t check_positions(const rope_positions& p, const tensor_view& q, toke
       axes || (ids.rank == 1 && ids.shape[0] == t.seq) ||
       (rank4 && ids.rank == 2 && ids.shape[0] == t.batch && ids.shape[1] == t.seq);
   if (!shape_ok) {
+    const std::string seq = num(t.seq), batch = num(t.batch);
     const std::string want =
-        rank4 ? "[" + num(t.seq) + "] or [" + num(t.batch) + ", " + num(t.seq) + "]"
-              : "[" + num(t.seq) + "]";
+        rank4 ? "[" + seq + "] or [" + batch + ", " + seq + "]" : "[" + seq + "]";
     throw error("positions shape " + ids.shape_string() + " must be " + want + " for q " +
-                q.shape_string() +
-                (rank4 ? "" : " (one position per token, T = " + num(t.seq) + ")"));
+                q.shape_string() + (rank4 ? "" : " (one position per token, T = " + seq + ")"));
   }
   check_last_contiguous("positions", ids);
   check_data("positions", ids);

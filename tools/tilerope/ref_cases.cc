@@ -109,9 +109,14 @@ tensor half_table(const tensor& full) {
   return t;
 }
 
-std::string dims(std::initializer_list<std::int64_t> d) {
-  std::string s = "[";
-  for (auto v : d) s += (s.size() > 1 ? "," : "") + std::to_string(v);
+// `name` followed by the dims in brackets: dims("q", {2, 4}) is "q[2,4]"
+std::string dims(const char* name, std::initializer_list<std::int64_t> d) {
+  std::string s = name;
+  s += '[';
+  for (auto v : d) {
+    if (s.back() != '[') s += ',';
+    s += std::to_string(v);
+  }
   return s + "]";
 }
 
@@ -146,7 +151,7 @@ ref_result run_ref_case(const ref_case& c) {
       fill_normal(a, rng);
       fill_repeated_halves(cos, rng);
       fill_repeated_halves(sin, rng);
-      r.shape = "a" + dims({B, S, D});
+      r.shape = dims("a", {B, S, D});
       r.report = reference::rope_skeleton(a, cos, sin, out, c.tiles);
       const auto x = to_f64(a), cv = to_f64(cos), sv = to_f64(sin);
       std::vector<const double*> cr, sr;
@@ -174,7 +179,7 @@ ref_result run_ref_case(const ref_case& c) {
       fill_normal(k, rng);
       fill_repeated_halves(cos, rng);
       fill_repeated_halves(sin, rng);
-      r.shape = "q" + dims({S, N, D}) + " k" + dims({S, K, D});
+      r.shape = dims("q", {S, N, D}) + dims(" k", {S, K, D});
       r.report = reference::vision_rope(q, k, cos, sin, qo, ko, c.tiles);
       const auto cv = to_f64(cos), sv = to_f64(sin);
       tensor qp(t, {S, N, D}), kp(t, {S, K, D});
@@ -206,7 +211,7 @@ ref_result run_ref_case(const ref_case& c) {
       fill_normal(k, rng);
       fill_repeated_halves(cos, rng);
       fill_repeated_halves(sin, rng);
-      r.shape = "q" + dims({B, N, S, D}) + " k" + dims({B, K, S, D});
+      r.shape = dims("q", {B, N, S, D}) + dims(" k", {B, K, S, D});
       r.report = reference::mrope(q, k, cos, sin, c.section, qo, ko, c.tiles);
       const auto cv = to_f64(cos), sv = to_f64(sin);
       const std::int64_t sec[3] = {c.section[0], c.section[1], c.section[2]};
@@ -252,7 +257,7 @@ ref_result run_ref_case(const ref_case& c) {
       fill_normal(w, rng);
       fill_repeated_halves(cos, rng);
       fill_repeated_halves(sin, rng);
-      r.shape = "x" + dims({S, N, D});
+      r.shape = dims("x", {S, N, D});
       r.report = reference::qk_norm_rope(x, w, cos, sin, c.eps, out, c.tiles);
       const auto xv = to_f64(x), wv = to_f64(w), cv = to_f64(cos), sv = to_f64(sin);
       std::vector<double> h(xv.size()), want(xv.size());
@@ -282,7 +287,7 @@ ref_result run_ref_case(const ref_case& c) {
       fill_normal(x, rng);
       fill_normal(cos, rng, 1.0);
       fill_normal(sin, rng, 1.0);
-      r.shape = "x" + dims({B, N, S, D}) + " cos" + dims({B, 1, TS, D});
+      r.shape = dims("x", {B, N, S, D}) + dims(" cos", {B, 1, TS, D});
       r.report = reference::interleave_rope(x, cos, sin, c.output, c.path, out, c.tiles);
       const auto xv = to_f64(x), cv = to_f64(cos), sv = to_f64(sin);
       std::vector<const double*> cr, sr;
