@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1098,6 +1100,166 @@ TEST(Kernels, QkNormHfRoundingIsSeparateRoundingOnEveryTarget) {
     }
   }
   EXPECT_EQ(mismatches, 0);
+}
+
+// NaN and ±Inf go through every kernel as through the fp64 golden: a NaN stays NaN where the
+// golden's is, an infinity stays the same infinity, and every finite result is within the
+// dtype's tolerance. Kernels: rope_apply (neox, gptj, gptj with split-half output) and QK
+// RMSNorm + RoPE (eps 1e-6 and 0, fp32_once and hf_qwen3) with computed angles; rope_apply
+// (neox, gptj) with a table holding NaNs, and QK RMSNorm with NaN weights, whose bit patterns
+// (0xffffffff, 0x7fffffff) a rounding to bf16 without a NaN test would carry into -0 or Inf.
+// f32, bf16 and f16 x, head dims 64, 80 and 128, in place and out of place, q of 14 heads and k
+// of 6 (past two groups of four, where the AVX2 and SSE4 norms sum rows ahead). Rows hold a NaN,
+// +Inf or -Inf in either half, or only zeros (NaN with eps = 0, as in HF); token 0 is at
+// position 0, where sin = 0 turns Inf * sin into NaN.
+TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::int64_t T = 3, Hq = 14, Hk = 6;
+  const std::uint32_t nan_bits[2] = {0xffffffffu, 0x7fffffffu};
+  auto plant_nan = [](tensor& f32, std::int64_t at, std::uint32_t bits) {
+    std::memcpy(static_cast<float*>(f32.data()) + at, &bits, 4);
+  };
+  std::mt19937 rng(61);
+  std::normal_distribution<double> normal;
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+    for (std::int64_t D : {64, 80, 128}) {
+      const std::int64_t half = D / 2;
+      // the value planted in head h of token t, and where (-1: none)
+      auto special = [&](std::int64_t t, std::int64_t h,
+                         bool is_k) -> std::pair<std::int64_t, double> {
+        if (is_k) return {h == 2 ? 0 : -1, inf};
+        switch (h) {
+          case 1:
+            return {(3 + 5 * t) % D, nan};
+          case 4:
+            return {7, inf};
+          case 6:
+            return {half + 9, -inf};
+          case 11:
+            return {D - 1 - t, nan};
+          case 13:
+            return {half - 1, -inf};
+          default:
+            return {-1, 0.0};
+        }
+      };
+      auto zero_row = [&](std::int64_t h, bool is_k) { return is_k ? h == 5 : h == 9; };
+      tensor q0(type, {T, Hq, D}), k0(type, {T, Hk, D}), w(dtype::f32, {D});
+      for (auto [x, H, is_k] : {std::tuple{&q0, Hq, false}, std::tuple{&k0, Hk, true}}) {
+        for (std::int64_t t = 0; t < T; ++t) {
+          for (std::int64_t h = 0; h < H; ++h) {
+            const auto [at, v] = special(t, h, is_k);
+            for (std::int64_t j = 0; j < D; ++j) {
+              const double value = zero_row(h, is_k) ? 0.0 : j == at ? v : normal(rng);
+              store_from_f64(x->data(), type, static_cast<std::size_t>((t * H + h) * D + j), value);
+            }
+          }
+        }
+      }
+      for (std::int64_t j = 0; j < D; ++j)
+        store_from_f64(w.data(), dtype::f32, static_cast<std::size_t>(j), 1 + normal(rng) / 4);
+      tensor w_nan = w.clone();
+      plant_nan(w_nan, 5, nan_bits[0]);
+      plant_nan(w_nan, D - 3, nan_bits[1]);
+      std::vector<std::int64_t> positions(T);
+      for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
+      std::vector<double> cos_half, sin_half;
+      golden::angles(golden::inv_freq(D, 1e4), positions, cos_half, sin_half);
+      tensor cos_t(dtype::f32, {T, half}), sin_t(dtype::f32, {T, half});  // the table
+      for (std::int64_t i = 0; i < T * half; ++i) {
+        store_from_f64(cos_t.data(), dtype::f32, static_cast<std::size_t>(i), cos_half[i]);
+        store_from_f64(sin_t.data(), dtype::f32, static_cast<std::size_t>(i), sin_half[i]);
+      }
+      plant_nan(cos_t, 1 * half + 3, nan_bits[0]);
+      plant_nan(sin_t, 2 * half + half - 2, nan_bits[1]);
+      const auto tol = golden::tolerance_for(type);
+      // 0-2 rope (neox, gptj, gptj split-half), 3-5 QK RMSNorm (eps 1e-6, eps 0, hf_qwen3),
+      // 6-7 rope through the table (neox, gptj), 8 QK RMSNorm with NaN weights
+      for (int kernel = 0; kernel < 9; ++kernel) {
+        const bool norm = (kernel >= 3 && kernel <= 5) || kernel == 8;
+        const bool table = kernel == 6 || kernel == 7;
+        const double eps = kernel == 4 ? 0.0 : 1e-6;
+        const rope_style style =
+            kernel == 1 || kernel == 2 || kernel == 7 ? rope_style::gptj : rope_style::neox;
+        const auto v = kernel == 2                 ? golden::variant::gptj_split_half
+                       : style == rope_style::gptj ? golden::variant::gptj
+                                                   : golden::variant::neox;
+        const tensor& weight = kernel == 8 ? w_nan : w;
+        for (bool in_place : {true, false}) {
+          tensor q = q0.clone(), k = k0.clone(), qo(type, {T, Hq, D}), ko(type, {T, Hk, D});
+          rope_tensors x;
+          x.q = q.view();
+          x.k = k.view();
+          if (!in_place) {
+            x.q_out = qo.view();
+            x.k_out = ko.view();
+          }
+          rope_options options;
+          if (kernel == 2) options.output_layout = rope_output_layout::split_half;
+          const auto from = rope_positions::from_offset(0);
+          const auto angles = table ? rope_angles::from_table(cos_t.view(), sin_t.view())
+                                    : rope_angles::from_theta(1e4);
+          if (norm) {
+            qk_norm n;
+            n.q_weight = weight.view();
+            n.k_weight = weight.view();
+            n.eps = eps;
+            if (kernel == 5) n.rounding = qk_norm_rounding::hf_qwen3;
+            qk_norm_rope_apply(style, x, from, angles, n, options);
+          } else {
+            rope_apply(style, x, from, angles, options);
+          }
+          std::vector<double> xd(D), hd(D), yd(D), c(D), s(D), wd(D);
+          for (std::int64_t j = 0; j < D; ++j)
+            wd[j] = load_as_f64(weight.data(), dtype::f32, static_cast<std::size_t>(j));
+          int wrong = 0, nonfinite = 0;
+          std::string first;
+          for (auto [in, out, H] : {std::tuple{&q0, in_place ? &q : &qo, Hq},
+                                    std::tuple{&k0, in_place ? &k : &ko, Hk}}) {
+            for (std::int64_t t = 0; t < T; ++t) {
+              for (std::int64_t i = 0; i < D; ++i) {  // full-width rows in the variant's order
+                const auto f = static_cast<std::size_t>(
+                    t * half + (v == golden::variant::gptj ? i / 2 : i % half));
+                c[i] = table ? load_as_f64(cos_t.data(), dtype::f32, f) : cos_half[f];
+                s[i] = table ? load_as_f64(sin_t.data(), dtype::f32, f) : sin_half[f];
+              }
+              for (std::int64_t h = 0; h < H; ++h) {
+                const std::int64_t at = (t * H + h) * D;
+                for (std::int64_t j = 0; j < D; ++j)
+                  xd[j] = load_as_f64(in->data(), type, static_cast<std::size_t>(at + j));
+                if (norm) golden::rms_norm(1, D, xd.data(), wd.data(), eps, hd.data());
+                golden::rotate_row(v, D, D, c.data(), s.data(), norm ? hd.data() : xd.data(),
+                                   yd.data());
+                for (std::int64_t j = 0; j < D; ++j) {
+                  const double got =
+                      load_as_f64(out->data(), type, static_cast<std::size_t>(at + j));
+                  const double want = yd[j];
+                  const bool ok =
+                      std::isnan(want)   ? std::isnan(got)
+                      : std::isinf(want) ? got == want
+                      : kernel == 5
+                          ? std::isfinite(got)  // rounded as HF, not as the golden
+                          : std::fabs(got - want) <= tol.atol + tol.rtol * std::fabs(want);
+                  nonfinite += !std::isfinite(want);
+                  if (!ok && wrong++ == 0) {
+                    first = "t " + std::to_string(t) + " h " + std::to_string(h) + " j " +
+                            std::to_string(j) + " got " + std::to_string(got) + " want " +
+                            std::to_string(want);
+                  }
+                }
+              }
+            }
+          }
+          const std::string call = std::string(to_string(type)) + " D " + std::to_string(D) +
+                                   " kernel " + std::to_string(kernel) +
+                                   (in_place ? " in place" : " out of place");
+          EXPECT_EQ(wrong, 0) << call << ": " << first;
+          EXPECT_GE(nonfinite, 8 * T) << call;  // the planted values reach the outputs
+        }
+      }
+    }
+  }
 }
 
 // The vector conversions of this target against the scalar ones (themselves checked against
