@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -1398,6 +1399,17 @@ HWY_INLINE token_angles block_ordered(df32 d, const token_angles& a, std::int64_
   return token_angles{rows, rows + half, rows + 2 * half, rows + 3 * half, true};
 }
 
+// Whether each of v[0, n) (n a multiple of the lanes) is at most `bound` in magnitude; NaN is
+// not.
+HWY_INLINE bool all_at_most(df32 d, const float* v, std::int64_t n, float bound) {
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const vf32 b = hn::Set(d, bound);
+  auto within = hn::Le(hn::Abs(hn::LoadU(d, v)), b);
+  for (std::int64_t i = lanes; i < n; i += lanes)
+    within = hn::And(within, hn::Le(hn::Abs(hn::LoadU(d, v + i)), b));
+  return hn::AllTrue(d, within);
+}
+
 // Called with each step's first pair index: nothing, or QK RMSNorm's sums of another row.
 struct no_step_hook {
   HWY_INLINE void operator()(std::int64_t) const {}
@@ -1405,8 +1417,9 @@ struct no_step_hook {
 
 // One row to bf16 halves, from halves or adjacent pairs (PIn), through angles in block order, 2n
 // pairs a step, each loaded vector transformed by `pre` (no_pre, or QK RMSNorm's x r:
-// scaled_by), `hook(i)` called once per step of 2n pairs (not for a last n).
-template <class IO, bool Full, pairs PIn = pairs::halves, class Pre = no_pre,
+// scaled_by), `hook(i)` called once per step of 2n pairs (not for a last n). NaNFree: the
+// caller knows no result is NaN, and the steps skip their NaN test.
+template <class IO, bool Full, pairs PIn = pairs::halves, bool NaNFree = false, class Pre = no_pre,
           class Hook = no_step_hook>
 HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint16_t* y,
                                        const token_angles& a, std::int64_t half, Pre pre = {},
@@ -1433,7 +1446,7 @@ HWY_INLINE void rotate_row_bf16_blocks(df32 d, const std::uint16_t* x, std::uint
     rotate_vectors<IO, false, Full>(d, pre(a0, false, i), pre(b0, true, i), i, a, ya0, yb0);
     rotate_vectors<IO, false, Full>(d, pre(a1, false, i + n), pre(b1, true, i + n), i + n, a, ya1,
                                     yb1);
-    const bool nan = may_hold_nan(d, hn::Add(hn::Add(ya0, ya1), hn::Add(yb0, yb1)));
+    const bool nan = !NaNFree && may_hold_nan(d, hn::Add(hn::Add(ya0, ya1), hn::Add(yb0, yb1)));
     const auto ea = narrow_bf16_blocks(d, ya0, ya1, nan);
     const auto eb = narrow_bf16_blocks(d, yb0, yb1, nan);
     if constexpr (std::is_same_v<IO, typename IO::plain>) {
@@ -2262,12 +2275,18 @@ HWY_INLINE void add_bf16_block_squares(df32 d, const std::uint16_t* x, std::int6
 }
 
 // bf16 rows of halves through the folded angles in block order (rotate_row_bf16_blocks), r/2 a
-// multiple of 2n: the sums ahead taken once per step.
+// multiple of 2n: the sums ahead taken once per step. Where every folded angle is at most 2^100
+// in magnitude (`bounded`) and a row's r is finite and positive, its steps skip their NaN test:
+// x is then finite and |x_j r| is about sqrt(D) at most (x_j^2 is one term of the sum r is
+// from), so no product or sum of the rotation is NaN or infinite (AVX2 on Intel, one thread,
+// 32 + 8 heads of 128, bf16 in place, min ns per element, seven alternations: in cache
+// 0.191-0.198 to 0.186-0.194, in memory 0.222-0.236 to 0.213-0.228).
 template <class IO>
 struct bf16_rows_ahead {
   df32 d;
   const token_angles& folded;
   std::int64_t half;
+  bool bounded;
   HWY_INLINE void squares(const std::uint16_t* x, vf32* s) const {
     const auto n = static_cast<std::int64_t>(hn::Lanes(d));
     for (std::int64_t i = 0; i < half; i += 2 * n)
@@ -2275,12 +2294,22 @@ struct bf16_rows_ahead {
   }
   HWY_INLINE void rotate(const std::uint16_t* x, std::uint16_t* y, float r,
                          const std::uint16_t* ahead, vf32* s) const {
+    if (bounded && r > 0.0f && r <= std::numeric_limits<float>::max()) {
+      rotate_with<true>(x, y, r, ahead, s);
+    } else {
+      rotate_with<false>(x, y, r, ahead, s);
+    }
+  }
+  template <bool NaNFree>
+  HWY_INLINE void rotate_with(const std::uint16_t* x, std::uint16_t* y, float r,
+                              const std::uint16_t* ahead, vf32* s) const {
     if (ahead == nullptr) {
-      rotate_row_bf16_blocks<IO, true>(d, x, y, folded, half, scaled_by{hn::Set(d, r)});
+      rotate_row_bf16_blocks<IO, true, pairs::halves, NaNFree>(d, x, y, folded, half,
+                                                               scaled_by{hn::Set(d, r)});
       return;
     }
     vf32 s0 = s[0], s1 = s[1];
-    rotate_row_bf16_blocks<IO, true>(
+    rotate_row_bf16_blocks<IO, true, pairs::halves, NaNFree>(
         d, x, y, folded, half, scaled_by{hn::Set(d, r)},
         [&](std::int64_t i) { add_bf16_block_squares(d, ahead, i, half, s0, s1); });
     s[0] = s0;
@@ -2351,7 +2380,9 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
 #ifdef TILEROPE_NORM_SUMS_AHEAD
       if constexpr (sizeof(T) == 2) {
         if (half % (2 * lanes) == 0) {
-          return norm_rotate_block_ahead(d, p, blk, in, out, bf16_rows_ahead<IO>{d, folded, half});
+          const bool bounded = all_at_most(d, rows, 4 * half, 0x1p100f);
+          return norm_rotate_block_ahead(d, p, blk, in, out,
+                                         bf16_rows_ahead<IO>{d, folded, half, bounded});
         }
       }
 #endif
