@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -1102,6 +1103,44 @@ TEST(Kernels, QkNormHfRoundingIsSeparateRoundingOnEveryTarget) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// q [T, 14, D] and k [T, 6, D] of N(0, 1) values, with NaN, +Inf or -Inf planted in either half
+// of some rows (heads 1, 4, 6, 11, 13 of q, 2 of k) and rows of zeros (head 9 of q, 5 of k).
+void fill_with_non_finite(tensor& q, tensor& k, std::mt19937& rng) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::normal_distribution<double> normal;
+  for (tensor* x : {&q, &k}) {
+    const bool is_k = x == &k;
+    const std::int64_t T = x->shape()[0], H = x->shape()[1], D = x->shape()[2], half = D / 2;
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        std::int64_t at = -1;  // where the non-finite value goes
+        double v = 0;
+        if (is_k && h == 2) at = 0, v = inf;
+        if (!is_k && h == 1) at = (3 + 5 * t) % D, v = nan;
+        if (!is_k && h == 4) at = 7, v = inf;
+        if (!is_k && h == 6) at = half + 9, v = -inf;
+        if (!is_k && h == 11) at = D - 1 - t, v = nan;
+        if (!is_k && h == 13) at = half - 1, v = -inf;
+        const bool zeros = h == (is_k ? 5 : 9);
+        for (std::int64_t j = 0; j < D; ++j) {
+          store_from_f64(x->data(), x->type(), static_cast<std::size_t>((t * H + h) * D + j),
+                         zeros     ? 0.0
+                         : j == at ? v
+                                   : normal(rng));
+        }
+      }
+    }
+  }
+}
+
+// A result against the golden's: NaN where it is NaN, the same infinity, else within tol.
+bool agrees_with_golden(double got, double want, golden::tolerance tol) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::fabs(got - want) <= tol.atol + tol.rtol * std::fabs(want);
+}
+
 // NaN and ±Inf go through every kernel as through the fp64 golden: a NaN stays NaN where the
 // golden's is, an infinity stays the same infinity, and every finite result is within the
 // dtype's tolerance. Kernels: rope_apply (neox, gptj, gptj with split-half output) and QK
@@ -1113,8 +1152,6 @@ TEST(Kernels, QkNormHfRoundingIsSeparateRoundingOnEveryTarget) {
 // +Inf or -Inf in either half, or only zeros (NaN with eps = 0, as in HF); token 0 is at
 // position 0, where sin = 0 turns Inf * sin into NaN.
 TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
-  constexpr double inf = std::numeric_limits<double>::infinity();
-  const double nan = std::numeric_limits<double>::quiet_NaN();
   const std::int64_t T = 3, Hq = 14, Hk = 6;
   const std::uint32_t nan_bits[2] = {0xffffffffu, 0x7fffffffu};
   auto plant_nan = [](tensor& f32, std::int64_t at, std::uint32_t bits) {
@@ -1125,38 +1162,8 @@ TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
   for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
     for (std::int64_t D : {64, 80, 128}) {
       const std::int64_t half = D / 2;
-      // the value planted in head h of token t, and where (-1: none)
-      auto special = [&](std::int64_t t, std::int64_t h,
-                         bool is_k) -> std::pair<std::int64_t, double> {
-        if (is_k) return {h == 2 ? 0 : -1, inf};
-        switch (h) {
-          case 1:
-            return {(3 + 5 * t) % D, nan};
-          case 4:
-            return {7, inf};
-          case 6:
-            return {half + 9, -inf};
-          case 11:
-            return {D - 1 - t, nan};
-          case 13:
-            return {half - 1, -inf};
-          default:
-            return {-1, 0.0};
-        }
-      };
-      auto zero_row = [&](std::int64_t h, bool is_k) { return is_k ? h == 5 : h == 9; };
       tensor q0(type, {T, Hq, D}), k0(type, {T, Hk, D}), w(dtype::f32, {D});
-      for (auto [x, H, is_k] : {std::tuple{&q0, Hq, false}, std::tuple{&k0, Hk, true}}) {
-        for (std::int64_t t = 0; t < T; ++t) {
-          for (std::int64_t h = 0; h < H; ++h) {
-            const auto [at, v] = special(t, h, is_k);
-            for (std::int64_t j = 0; j < D; ++j) {
-              const double value = zero_row(h, is_k) ? 0.0 : j == at ? v : normal(rng);
-              store_from_f64(x->data(), type, static_cast<std::size_t>((t * H + h) * D + j), value);
-            }
-          }
-        }
-      }
+      fill_with_non_finite(q0, k0, rng);
       for (std::int64_t j = 0; j < D; ++j)
         store_from_f64(w.data(), dtype::f32, static_cast<std::size_t>(j), 1 + normal(rng) / 4);
       tensor w_nan = w.clone();
@@ -1235,12 +1242,10 @@ TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
                   const double got =
                       load_as_f64(out->data(), type, static_cast<std::size_t>(at + j));
                   const double want = yd[j];
-                  const bool ok =
-                      std::isnan(want)   ? std::isnan(got)
-                      : std::isinf(want) ? got == want
-                      : kernel == 5
-                          ? std::isfinite(got)  // rounded as HF, not as the golden
-                          : std::fabs(got - want) <= tol.atol + tol.rtol * std::fabs(want);
+                  // hf_qwen3 rounds as HF, not as the golden: finite where the golden is
+                  const bool ok = kernel == 5 && std::isfinite(want)
+                                      ? std::isfinite(got)
+                                      : agrees_with_golden(got, want, tol);
                   nonfinite += !std::isfinite(want);
                   if (!ok && wrong++ == 0) {
                     first = "t " + std::to_string(t) + " h " + std::to_string(h) + " j " +
@@ -1255,6 +1260,151 @@ TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
                                    " kernel " + std::to_string(kernel) +
                                    (in_place ? " in place" : " out of place");
           EXPECT_EQ(wrong, 0) << call << ": " << first;
+          EXPECT_GE(nonfinite, 8 * T) << call;  // the planted values reach the outputs
+        }
+      }
+    }
+  }
+}
+
+// The backward passes with NaN and ±Inf in the incoming gradient g (and x of QK RMSNorm's
+// backward holding an infinity): dx as the fp64 golden's formula gives it, NaN where it is NaN,
+// the same infinity, else within tolerance, and QK RMSNorm's weight gradients NaN exactly where
+// the golden's are. rope_apply's backward (neox through a table holding NaNs, gptj through
+// computed angles) and qk_norm_rope_backward (neox and gptj, with NaN weights too), f32, bf16
+// and f16, head dims 64, 80 and 128, dx over g and into its own tensor.
+TEST(Kernels, NonFiniteGradientsPropagateAsInTheGolden) {
+  const std::int64_t T = 3, Hq = 14, Hk = 6;
+  std::mt19937 rng(62);
+  std::normal_distribution<double> normal;
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+    for (std::int64_t D : {64, 80, 128}) {
+      const std::int64_t half = D / 2;
+      tensor gq0(type, {T, Hq, D}), gk0(type, {T, Hk, D});
+      fill_with_non_finite(gq0, gk0, rng);
+      tensor xq(type, {T, Hq, D}), xk(type, {T, Hk, D}), w(dtype::f32, {D});
+      for (tensor* x : {&xq, &xk}) {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(x->numel()); ++i)
+          store_from_f64(x->data(), type, i, normal(rng));
+      }
+      store_from_f64(xq.data(), type, static_cast<std::size_t>((1 * Hq + 3) * D + 5),
+                     std::numeric_limits<double>::infinity());
+      for (std::int64_t j = 0; j < D; ++j)
+        store_from_f64(w.data(), dtype::f32, static_cast<std::size_t>(j), 1 + normal(rng) / 4);
+      tensor w_nan = w.clone();
+      const float nan_weight = std::bit_cast<float>(0xffffffffu);
+      static_cast<float*>(w_nan.data())[D - 2] = nan_weight;
+      std::vector<std::int64_t> positions(T);
+      for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
+      std::vector<double> cos_half, sin_half;
+      golden::angles(golden::inv_freq(D, 1e4), positions, cos_half, sin_half);
+      tensor cos_t(dtype::f32, {T, half}), sin_t(dtype::f32, {T, half});  // the table
+      for (std::int64_t i = 0; i < T * half; ++i) {
+        store_from_f64(cos_t.data(), dtype::f32, static_cast<std::size_t>(i), cos_half[i]);
+        store_from_f64(sin_t.data(), dtype::f32, static_cast<std::size_t>(i), sin_half[i]);
+      }
+      static_cast<float*>(sin_t.data())[2 * half + 1] = nan_weight;
+      const auto tol = golden::tolerance_for(type);
+      // 0 rope neox through the table, 1 rope gptj, 2-3 QK RMSNorm neox and gptj, 4 with NaN
+      // weights
+      for (int kernel = 0; kernel < 5; ++kernel) {
+        const bool norm = kernel >= 2, table = kernel == 0;
+        const rope_style style = kernel == 1 || kernel == 3 ? rope_style::gptj : rope_style::neox;
+        const auto v = style == rope_style::gptj ? golden::variant::gptj : golden::variant::neox;
+        const tensor& weight = kernel == 4 ? w_nan : w;
+        for (bool in_place : {true, false}) {
+          tensor gq = gq0.clone(), gk = gk0.clone(), dq(type, {T, Hq, D}), dk(type, {T, Hk, D});
+          std::vector<float> dw(2 * D);
+          const auto from = rope_positions::from_offset(0);
+          const auto angles = table ? rope_angles::from_table(cos_t.view(), sin_t.view())
+                                    : rope_angles::from_theta(1e4);
+          if (norm) {
+            qk_norm n;
+            n.q_weight = weight.view();
+            n.k_weight = weight.view();
+            qk_norm_rope_grad_tensors g;
+            g.q = xq.view();
+            g.k = xk.view();
+            g.dq_out = gq.view();
+            g.dk_out = gk.view();
+            if (!in_place) {
+              g.dq = dq.view();
+              g.dk = dk.view();
+            }
+            g.dq_weight = tensor_view::contiguous(dw.data(), dtype::f32, {D});
+            g.dk_weight = tensor_view::contiguous(dw.data() + D, dtype::f32, {D});
+            qk_norm_rope_backward(style, g, from, angles, n);
+          } else {
+            rope_tensors x;
+            x.q = gq.view();
+            x.k = gk.view();
+            if (!in_place) {
+              x.q_out = dq.view();
+              x.k_out = dk.view();
+            }
+            rope_options options;
+            options.backward = true;
+            rope_apply(style, x, from, angles, options);
+          }
+          std::vector<double> gd(D), xd(D), dh(D), want(D), c(D), s(D), wd(D), dw_want(2 * D, 0.0);
+          for (std::int64_t j = 0; j < D; ++j)
+            wd[j] = load_as_f64(weight.data(), dtype::f32, static_cast<std::size_t>(j));
+          int wrong = 0, nonfinite = 0;
+          std::string first;
+          for (int b = 0; b < 2; ++b) {
+            const tensor& g_in = b == 0 ? gq0 : gk0;
+            const tensor& x_in = b == 0 ? xq : xk;
+            const tensor& out = b == 0 ? (in_place ? gq : dq) : (in_place ? gk : dk);
+            const std::int64_t H = b == 0 ? Hq : Hk;
+            for (std::int64_t t = 0; t < T; ++t) {
+              for (std::int64_t i = 0; i < D; ++i) {  // the inverse rotation: sin negated
+                const auto f = static_cast<std::size_t>(
+                    t * half + (v == golden::variant::gptj ? i / 2 : i % half));
+                c[i] = table ? load_as_f64(cos_t.data(), dtype::f32, f) : cos_half[f];
+                s[i] = -(table ? load_as_f64(sin_t.data(), dtype::f32, f) : sin_half[f]);
+              }
+              for (std::int64_t h = 0; h < H; ++h) {
+                const std::int64_t at = (t * H + h) * D;
+                for (std::int64_t j = 0; j < D; ++j) {
+                  gd[j] = load_as_f64(g_in.data(), type, static_cast<std::size_t>(at + j));
+                  xd[j] = load_as_f64(x_in.data(), type, static_cast<std::size_t>(at + j));
+                }
+                golden::rotate_row(v, D, D, c.data(), s.data(), gd.data(), dh.data());
+                if (norm) {  // dx_j = r w_j dh_j - x_j r^3 / D sum_k(w_k dh_k x_k)
+                  double sq = 0, dot = 0;
+                  for (std::int64_t j = 0; j < D; ++j) {
+                    sq += xd[j] * xd[j];
+                    dot += wd[j] * dh[j] * xd[j];
+                  }
+                  const double r = 1 / std::sqrt(sq / D + 1e-6);
+                  for (std::int64_t j = 0; j < D; ++j) {
+                    want[j] = r * wd[j] * dh[j] - xd[j] * r * r * r / D * dot;
+                    dw_want[b * D + j] += dh[j] * xd[j] * r;
+                  }
+                } else {
+                  want = dh;
+                }
+                for (std::int64_t j = 0; j < D; ++j) {
+                  const double got =
+                      load_as_f64(out.data(), type, static_cast<std::size_t>(at + j));
+                  nonfinite += !std::isfinite(want[j]);
+                  if (!agrees_with_golden(got, want[j], tol) && wrong++ == 0) {
+                    first = "b " + std::to_string(b) + " t " + std::to_string(t) + " h " +
+                            std::to_string(h) + " j " + std::to_string(j) + " got " +
+                            std::to_string(got) + " want " + std::to_string(want[j]);
+                  }
+                }
+              }
+            }
+          }
+          int dw_wrong = 0;
+          for (std::int64_t j = 0; norm && j < 2 * D; ++j)
+            dw_wrong += std::isnan(dw[j]) != std::isnan(dw_want[j]);
+          const std::string call = std::string(to_string(type)) + " D " + std::to_string(D) +
+                                   " kernel " + std::to_string(kernel) +
+                                   (in_place ? " in place" : " out of place");
+          EXPECT_EQ(wrong, 0) << call << ": " << first;
+          EXPECT_EQ(dw_wrong, 0) << call;
           EXPECT_GE(nonfinite, 8 * T) << call;  // the planted values reach the outputs
         }
       }
