@@ -1134,6 +1134,35 @@ void fill_with_non_finite(tensor& q, tensor& k, std::mt19937& rng) {
   }
 }
 
+// The fp64 golden's angles of theta 1e4 at positions 0 to T - 1 for head dim D ([T, D/2] each),
+// and the same rounded to an f32 table.
+struct theta_angles {
+  std::vector<double> cos_half, sin_half;
+  tensor cos, sin;
+  theta_angles(std::int64_t T, std::int64_t D)
+      : cos(dtype::f32, {T, D / 2}), sin(dtype::f32, {T, D / 2}) {
+    std::vector<std::int64_t> positions(T);
+    for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
+    golden::angles(golden::inv_freq(D, 1e4), positions, cos_half, sin_half);
+    for (std::size_t i = 0; i < cos_half.size(); ++i) {
+      store_from_f64(cos.data(), dtype::f32, i, cos_half[i]);
+      store_from_f64(sin.data(), dtype::f32, i, sin_half[i]);
+    }
+  }
+};
+
+// q and k to be rotated in place, or into q_out and k_out.
+rope_tensors q_and_k(tensor& q, tensor& k, tensor& q_out, tensor& k_out, bool in_place) {
+  rope_tensors x;
+  x.q = q.view();
+  x.k = k.view();
+  if (!in_place) {
+    x.q_out = q_out.view();
+    x.k_out = k_out.view();
+  }
+  return x;
+}
+
 // A result against the golden's: NaN where it is NaN, the same infinity, else within tol.
 bool agrees_with_golden(double got, double want, golden::tolerance tol) {
   if (std::isnan(want)) return std::isnan(got);
@@ -1169,15 +1198,9 @@ TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
       tensor w_nan = w.clone();
       plant_nan(w_nan, 5, nan_bits[0]);
       plant_nan(w_nan, D - 3, nan_bits[1]);
-      std::vector<std::int64_t> positions(T);
-      for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
-      std::vector<double> cos_half, sin_half;
-      golden::angles(golden::inv_freq(D, 1e4), positions, cos_half, sin_half);
-      tensor cos_t(dtype::f32, {T, half}), sin_t(dtype::f32, {T, half});  // the table
-      for (std::int64_t i = 0; i < T * half; ++i) {
-        store_from_f64(cos_t.data(), dtype::f32, static_cast<std::size_t>(i), cos_half[i]);
-        store_from_f64(sin_t.data(), dtype::f32, static_cast<std::size_t>(i), sin_half[i]);
-      }
+      const theta_angles ang(T, D);
+      const std::vector<double>&cos_half = ang.cos_half, &sin_half = ang.sin_half;
+      tensor cos_t = ang.cos.clone(), sin_t = ang.sin.clone();  // the table
       plant_nan(cos_t, 1 * half + 3, nan_bits[0]);
       plant_nan(sin_t, 2 * half + half - 2, nan_bits[1]);
       const auto tol = golden::tolerance_for(type);
@@ -1195,13 +1218,7 @@ TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
         const tensor& weight = kernel == 8 ? w_nan : w;
         for (bool in_place : {true, false}) {
           tensor q = q0.clone(), k = k0.clone(), qo(type, {T, Hq, D}), ko(type, {T, Hk, D});
-          rope_tensors x;
-          x.q = q.view();
-          x.k = k.view();
-          if (!in_place) {
-            x.q_out = qo.view();
-            x.k_out = ko.view();
-          }
+          rope_tensors x = q_and_k(q, k, qo, ko, in_place);
           rope_options options;
           if (kernel == 2) options.output_layout = rope_output_layout::split_half;
           const auto from = rope_positions::from_offset(0);
@@ -1294,15 +1311,9 @@ TEST(Kernels, NonFiniteGradientsPropagateAsInTheGolden) {
       tensor w_nan = w.clone();
       const float nan_weight = std::bit_cast<float>(0xffffffffu);
       static_cast<float*>(w_nan.data())[D - 2] = nan_weight;
-      std::vector<std::int64_t> positions(T);
-      for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
-      std::vector<double> cos_half, sin_half;
-      golden::angles(golden::inv_freq(D, 1e4), positions, cos_half, sin_half);
-      tensor cos_t(dtype::f32, {T, half}), sin_t(dtype::f32, {T, half});  // the table
-      for (std::int64_t i = 0; i < T * half; ++i) {
-        store_from_f64(cos_t.data(), dtype::f32, static_cast<std::size_t>(i), cos_half[i]);
-        store_from_f64(sin_t.data(), dtype::f32, static_cast<std::size_t>(i), sin_half[i]);
-      }
+      const theta_angles ang(T, D);
+      const std::vector<double>&cos_half = ang.cos_half, &sin_half = ang.sin_half;
+      tensor cos_t = ang.cos.clone(), sin_t = ang.sin.clone();  // the table
       static_cast<float*>(sin_t.data())[2 * half + 1] = nan_weight;
       const auto tol = golden::tolerance_for(type);
       // 0 rope neox through the table, 1 rope gptj, 2-3 QK RMSNorm neox and gptj, 4 with NaN
@@ -1335,13 +1346,7 @@ TEST(Kernels, NonFiniteGradientsPropagateAsInTheGolden) {
             g.dk_weight = tensor_view::contiguous(dw.data() + D, dtype::f32, {D});
             qk_norm_rope_backward(style, g, from, angles, n);
           } else {
-            rope_tensors x;
-            x.q = gq.view();
-            x.k = gk.view();
-            if (!in_place) {
-              x.q_out = dq.view();
-              x.k_out = dk.view();
-            }
+            rope_tensors x = q_and_k(gq, gk, dq, dk, in_place);
             rope_options options;
             options.backward = true;
             rope_apply(style, x, from, angles, options);
