@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <array>
-#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -1163,6 +1162,11 @@ rope_tensors q_and_k(tensor& q, tensor& k, tensor& q_out, tensor& k_out, bool in
   return x;
 }
 
+// Element `at` of an f32 tensor set to the NaN of these bits.
+void plant_nan(tensor& f32, std::int64_t at, std::uint32_t bits) {
+  std::memcpy(static_cast<float*>(f32.data()) + at, &bits, sizeof bits);
+}
+
 // A result against the golden's: NaN where it is NaN, the same infinity, else within tol.
 bool agrees_with_golden(double got, double want, golden::tolerance tol) {
   if (std::isnan(want)) return std::isnan(got);
@@ -1183,9 +1187,6 @@ bool agrees_with_golden(double got, double want, golden::tolerance tol) {
 TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
   const std::int64_t T = 3, Hq = 14, Hk = 6;
   const std::uint32_t nan_bits[2] = {0xffffffffu, 0x7fffffffu};
-  auto plant_nan = [](tensor& f32, std::int64_t at, std::uint32_t bits) {
-    std::memcpy(static_cast<float*>(f32.data()) + at, &bits, 4);
-  };
   std::mt19937 rng(61);
   std::normal_distribution<double> normal;
   for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
@@ -1309,12 +1310,11 @@ TEST(Kernels, NonFiniteGradientsPropagateAsInTheGolden) {
       for (std::int64_t j = 0; j < D; ++j)
         store_from_f64(w.data(), dtype::f32, static_cast<std::size_t>(j), 1 + normal(rng) / 4);
       tensor w_nan = w.clone();
-      const float nan_weight = std::bit_cast<float>(0xffffffffu);
-      static_cast<float*>(w_nan.data())[D - 2] = nan_weight;
+      plant_nan(w_nan, D - 2, 0xffffffffu);
       const theta_angles ang(T, D);
       const std::vector<double>&cos_half = ang.cos_half, &sin_half = ang.sin_half;
       tensor cos_t = ang.cos.clone(), sin_t = ang.sin.clone();  // the table
-      static_cast<float*>(sin_t.data())[2 * half + 1] = nan_weight;
+      plant_nan(sin_t, 2 * half + 1, 0xffffffffu);
       const auto tol = golden::tolerance_for(type);
       // 0 rope neox through the table, 1 rope gptj, 2-3 QK RMSNorm neox and gptj, 4 with NaN
       // weights
