@@ -2415,7 +2415,10 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
     }
     const T* x = in + hd * blk.in_h;
     T* y = out + hd * blk.out_h;
-    prefetch_row(x, D, p.prefetch_bytes);
+    // The rows first read at a group's start are the next group's: prefetched beyond the
+    // last of them, 2 group - 1 rows on (beyond row hd, 2048 bytes reached only rows already
+    // read where a row is 512 bytes or more)
+    prefetch_row(x + (2 * group - 1) * blk.in_h, D, p.prefetch_bytes);
     const float r = inv_rms[hd / group % 2 * group + hd % group];
     auto normalised1 = [&](std::int64_t j) {  // x r w of element j, scalar
       float n = IO::load1(x + j) * r;
