@@ -604,64 +604,67 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
 
 // The same for QK RMSNorm + RoPE's backward: dx into its own aligned buffers (streamed)
 // equals dx over dy, bit for bit, and the weight gradients agree; halves, adjacent pairs and
-// the split-half layout, every dtype.
+// the split-half layout, every dtype; head dims 128 (rows held with AVX-512) and 256 (not).
 TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
-  const std::int64_t T = 1100, Hq = 32, Hk = 8, D = 128;
+  const std::int64_t Hq = 32, Hk = 8;
   const auto as_input = rope_output_layout::as_input, split = rope_output_layout::split_half;
-  for (const auto [style, layout] :
-       {std::pair{rope_style::neox, as_input}, std::pair{rope_style::gptj, as_input},
-        std::pair{rope_style::gptj, split}}) {
-    for (auto [t, shift] : std::vector<std::pair<dtype, std::size_t>>{{dtype::f32, 0},
-                                                                      {dtype::f16, 0},
-                                                                      {dtype::bf16, 0},
-                                                                      {dtype::f16, 32},
-                                                                      {dtype::bf16, 32}}) {
-      const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
-      auto xq = aligned_bytes(qn * es), xk = aligned_bytes(kn * es), gq = aligned_bytes(qn * es);
-      auto gk = aligned_bytes(kn * es);
-      // dx 64-byte aligned, or 32 bytes past (a vector of 16-bit halves aligned, two not)
-      auto dq_buffer = aligned_bytes(qn * es + shift), dk_buffer = aligned_bytes(kn * es + shift);
-      unsigned char* dq = dq_buffer.get() + shift;
-      unsigned char* dk = dk_buffer.get() + shift;
-      std::mt19937 rng(13);
-      std::normal_distribution<double> normal;
-      for (auto* b : {&xq, &gq}) {
-        for (std::size_t i = 0; i < qn; ++i) store_from_f64(b->get(), t, i, normal(rng));
-      }
-      for (auto* b : {&xk, &gk}) {
-        for (std::size_t i = 0; i < kn; ++i) store_from_f64(b->get(), t, i, normal(rng));
-      }
-      tensor w(t, {D});
-      for (std::int64_t j = 0; j < D; ++j) store_from_f64(w.data(), t, j, 0.5 + 0.01 * j);
-      qk_norm norm;
-      norm.q_weight = w;
-      norm.k_weight = w.view();
-      rope_options o;
-      o.output_layout = layout;
-      std::vector<float> dw[2][2];  // [out of place, in place][q, k]
-      for (int inplace = 0; inplace < 2; ++inplace) {
-        for (auto& v : dw[inplace]) v.assign(D, 0.0f);
-        qk_norm_rope_grad_tensors g;
-        g.q = tensor_view::contiguous(xq.get(), t, {T, Hq, D});
-        g.k = tensor_view::contiguous(xk.get(), t, {T, Hk, D});
-        g.dq_out = tensor_view::contiguous(gq.get(), t, {T, Hq, D});
-        g.dk_out = tensor_view::contiguous(gk.get(), t, {T, Hk, D});
-        if (!inplace) {
-          g.dq = tensor_view::contiguous(dq, t, {T, Hq, D});
-          g.dk = tensor_view::contiguous(dk, t, {T, Hk, D});
+  for (const std::int64_t D : {128, 256}) {
+    const std::int64_t T = D == 128 ? 1100 : 560;  // 16-bit dx over 8 MiB: streamed
+    for (const auto [style, layout] :
+         {std::pair{rope_style::neox, as_input}, std::pair{rope_style::gptj, as_input},
+          std::pair{rope_style::gptj, split}}) {
+      for (auto [t, shift] : std::vector<std::pair<dtype, std::size_t>>{{dtype::f32, 0},
+                                                                        {dtype::f16, 0},
+                                                                        {dtype::bf16, 0},
+                                                                        {dtype::f16, 32},
+                                                                        {dtype::bf16, 32}}) {
+        const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
+        auto xq = aligned_bytes(qn * es), xk = aligned_bytes(kn * es), gq = aligned_bytes(qn * es);
+        auto gk = aligned_bytes(kn * es);
+        // dx 64-byte aligned, or 32 bytes past (a vector of 16-bit halves aligned, two not)
+        auto dq_buffer = aligned_bytes(qn * es + shift), dk_buffer = aligned_bytes(kn * es + shift);
+        unsigned char* dq = dq_buffer.get() + shift;
+        unsigned char* dk = dk_buffer.get() + shift;
+        std::mt19937 rng(13);
+        std::normal_distribution<double> normal;
+        for (auto* b : {&xq, &gq}) {
+          for (std::size_t i = 0; i < qn; ++i) store_from_f64(b->get(), t, i, normal(rng));
         }
-        g.dq_weight = tensor_view::contiguous(dw[inplace][0].data(), dtype::f32, {D});
-        g.dk_weight = tensor_view::contiguous(dw[inplace][1].data(), dtype::f32, {D});
-        qk_norm_rope_backward(style, g, rope_positions::from_offset(3),
-                              rope_angles::from_theta(1e6), norm, o);
+        for (auto* b : {&xk, &gk}) {
+          for (std::size_t i = 0; i < kn; ++i) store_from_f64(b->get(), t, i, normal(rng));
+        }
+        tensor w(t, {D});
+        for (std::int64_t j = 0; j < D; ++j) store_from_f64(w.data(), t, j, 0.5 + 0.01 * j);
+        qk_norm norm;
+        norm.q_weight = w;
+        norm.k_weight = w.view();
+        rope_options o;
+        o.output_layout = layout;
+        std::vector<float> dw[2][2];  // [out of place, in place][q, k]
+        for (int inplace = 0; inplace < 2; ++inplace) {
+          for (auto& v : dw[inplace]) v.assign(D, 0.0f);
+          qk_norm_rope_grad_tensors g;
+          g.q = tensor_view::contiguous(xq.get(), t, {T, Hq, D});
+          g.k = tensor_view::contiguous(xk.get(), t, {T, Hk, D});
+          g.dq_out = tensor_view::contiguous(gq.get(), t, {T, Hq, D});
+          g.dk_out = tensor_view::contiguous(gk.get(), t, {T, Hk, D});
+          if (!inplace) {
+            g.dq = tensor_view::contiguous(dq, t, {T, Hq, D});
+            g.dk = tensor_view::contiguous(dk, t, {T, Hk, D});
+          }
+          g.dq_weight = tensor_view::contiguous(dw[inplace][0].data(), dtype::f32, {D});
+          g.dk_weight = tensor_view::contiguous(dw[inplace][1].data(), dtype::f32, {D});
+          qk_norm_rope_backward(style, g, rope_positions::from_offset(3),
+                                rope_angles::from_theta(1e6), norm, o);
+        }
+        const std::string what = std::string(to_string(style)) + " " + std::string(to_string(t)) +
+                                 " split " + std::to_string(layout == split) + " shift " +
+                                 std::to_string(shift) + " D " + std::to_string(D);
+        EXPECT_EQ(std::memcmp(gq.get(), dq, qn * es), 0) << what;
+        EXPECT_EQ(std::memcmp(gk.get(), dk, kn * es), 0) << what;
+        EXPECT_EQ(dw[0][0], dw[1][0]) << what;
+        EXPECT_EQ(dw[0][1], dw[1][1]) << what;
       }
-      const std::string what = std::string(to_string(style)) + " " + std::string(to_string(t)) +
-                               " split " + std::to_string(layout == split) + " shift " +
-                               std::to_string(shift);
-      EXPECT_EQ(std::memcmp(gq.get(), dq, qn * es), 0) << what;
-      EXPECT_EQ(std::memcmp(gk.get(), dk, kn * es), 0) << what;
-      EXPECT_EQ(dw[0][0], dw[1][0]) << what;
-      EXPECT_EQ(dw[0][1], dw[1][1]) << what;
     }
   }
 }

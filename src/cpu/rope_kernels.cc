@@ -3108,11 +3108,13 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
     // measured 2.5 to 3 times slower with the scratch rows at some offsets (mod 4 KiB) from the
     // output, and no faster at the others (bench --only qk-norm-rope-bwd, f16 out of place, one
     // thread: 60-71 or 22-35 ms streamed, 21-25 ms stored normally); f32 and bf16 streamed did
-    // not move. Rows held with AVX-512 (norm_backward_block_held) stream f16 too: Intel, two
-    // alternations, 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one / two threads.
-    const bool held =
-        norm_backward_held_vectors(p, static_cast<std::int64_t>(hn::Lanes(df32()))) != 0;
-    if (norm_streams && (held || !std::is_same_v<typename IO::plain, f16_io>)) {
+    // not move. With AVX-512 f16 streams, measured on Intel: rows held (norm_backward_block_held,
+    // two alternations) 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one / two threads; rows of
+    // norm_backward_block_ahead (head dim 256, gemma3-4b) 0.51 / 0.48 to 0.69 / 0.66, and with
+    // the output at eight offsets mod 4 KiB (one thread, 8 + 4 heads, T = 8192) 0.62-0.72 ns per
+    // element to 0.46-0.50.
+    constexpr bool f16_streams = HWY_TARGET <= HWY_AVX3;
+    if (norm_streams && (f16_streams || !std::is_same_v<typename IO::plain, f16_io>)) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
       hwy::FlushStream();
     } else {
