@@ -1139,19 +1139,35 @@ void fill_with_non_finite(tensor& q, tensor& k, std::mt19937& rng) {
 // The fp64 golden's angles of theta 1e4 at positions 0 to T - 1 for head dim D ([T, D/2] each),
 // and the same rounded to an f32 table.
 struct theta_angles {
+  static constexpr double theta = 1e4;
   std::vector<double> cos_half, sin_half;
   tensor cos, sin;
   theta_angles(std::int64_t T, std::int64_t D)
       : cos(dtype::f32, {T, D / 2}), sin(dtype::f32, {T, D / 2}) {
     std::vector<std::int64_t> positions(T);
     for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
-    golden::angles(golden::inv_freq(D, 1e4), positions, cos_half, sin_half);
+    golden::angles(golden::inv_freq(D, theta), positions, cos_half, sin_half);
     for (std::size_t i = 0; i < cos_half.size(); ++i) {
       store_from_f64(cos.data(), dtype::f32, i, cos_half[i]);
       store_from_f64(sin.data(), dtype::f32, i, sin_half[i]);
     }
   }
 };
+
+// The angles the kernels are given: an f32 table (theta_angles', NaNs planted in it), or
+// computed from theta_angles' theta.
+rope_angles table_or_theta(bool table, const tensor& cos_t, const tensor& sin_t) {
+  return table ? rope_angles::from_table(cos_t.view(), sin_t.view())
+               : rope_angles::from_theta(theta_angles::theta);
+}
+
+// QK RMSNorm with one weight for q and k.
+qk_norm norm_with(const tensor& weight) {
+  qk_norm n;
+  n.q_weight = weight.view();
+  n.k_weight = weight.view();
+  return n;
+}
 
 // q and k to be rotated in place, or into q_out and k_out.
 rope_tensors q_and_k(tensor& q, tensor& k, tensor& q_out, tensor& k_out, bool in_place) {
@@ -1226,12 +1242,9 @@ TEST(Kernels, NonFiniteValuesPropagateAsInTheGolden) {
           rope_options options;
           if (kernel == 2) options.output_layout = rope_output_layout::split_half;
           const auto from = rope_positions::from_offset(0);
-          const auto angles = table ? rope_angles::from_table(cos_t.view(), sin_t.view())
-                                    : rope_angles::from_theta(1e4);
+          const auto angles = table_or_theta(table, cos_t, sin_t);
           if (norm) {
-            qk_norm n;
-            n.q_weight = weight.view();
-            n.k_weight = weight.view();
+            qk_norm n = norm_with(weight);
             n.eps = eps;
             if (kernel == 5) n.rounding = qk_norm_rounding::hf_qwen3;
             qk_norm_rope_apply(style, x, from, angles, n, options);
@@ -1330,12 +1343,9 @@ TEST(Kernels, NonFiniteGradientsPropagateAsInTheGolden) {
           tensor gq = gq0.clone(), gk = gk0.clone(), dq(type, {T, Hq, D}), dk(type, {T, Hk, D});
           std::vector<float> dw(2 * D);
           const auto from = rope_positions::from_offset(0);
-          const auto angles = table ? rope_angles::from_table(cos_t.view(), sin_t.view())
-                                    : rope_angles::from_theta(1e4);
+          const auto angles = table_or_theta(table, cos_t, sin_t);
           if (norm) {
-            qk_norm n;
-            n.q_weight = weight.view();
-            n.k_weight = weight.view();
+            const qk_norm n = norm_with(weight);
             qk_norm_rope_grad_tensors g;
             g.q = xq.view();
             g.k = xk.view();
