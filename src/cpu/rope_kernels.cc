@@ -2847,10 +2847,16 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
     inverse_rms_and_coef4(d, p, sq_of, dot_of, r_of, coef_of);
     for (std::int64_t k = 0; k < group; ++k) {
       const std::int64_t h = h0 + k, ahead = h + group;
-      if (ahead < heads) {
-        prefetch_row(row_in(ahead), D, p.prefetch_bytes);
-        prefetch_row(row_x(ahead), D, p.prefetch_bytes);
-      }
+      // Past the block's last rows too: there `ahead` plus the distance is the next token's
+      // rows (the same buffer's stream), whose first group's sums are taken alone. Asked only
+      // while ahead < heads, a block of 8 heads of 256 bytes (Qwen3-8B's k, bf16) prefetched
+      // none of its first four rows (AVX2 on Intel, bench --only qk-norm-rope-bwd, Qwen3-8B, two
+      // alternations, one / two threads, in place: bf16 0.62 / 0.58 to 0.67 / 0.63 of the
+      // ceiling, f16 0.67 / 0.64 to 0.75 / 0.70, f32 0.77 / 0.76 to 0.85 / 0.84; out of place
+      // bf16 0.61 / 0.60 to 0.63 / 0.62, f16 0.52 / 0.51 to 0.56 / 0.54, f32 0.75 / 0.74 to
+      // 0.82 / 0.81).
+      prefetch_row(row_in(ahead), D, p.prefetch_bytes);
+      prefetch_row(row_x(ahead), D, p.prefetch_bytes);
       const vf32 rv = hn::Set(d, r_of[k]), cv = hn::Set(d, coef_of[k]);
       sums s{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
       if (h < heads && ahead < heads) {
