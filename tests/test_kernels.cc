@@ -946,6 +946,61 @@ TEST(Kernels, QkNormSameRowInEveryHeadGivesSameBits) {
   }
 }
 
+// Each row's RMSNorm and rotation depend on that row alone, wherever its sums are taken: with
+// AVX2 and SSE4 the rotation of a block's last groups sums the first groups of the blocks after
+// it (k's, then the next token's q), so the call over every token gives the bits of q's and k's
+// rows taken one token and one block at a time, at head counts that end groups of four mid-way.
+TEST(Kernels, QkNormRowsGiveTheSameBitsOneBlockAtATime) {
+  const std::int64_t T = 6, D = 128;
+  std::mt19937 rng(73);
+  std::normal_distribution<double> normal;
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+    for (auto [hq, hk] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {1, 1}, {3, 2}, {4, 4}, {5, 3}, {8, 4}, {9, 1}, {32, 8}}) {
+      tensor q(type, {T, hq, D}), k(type, {T, hk, D}), qo(type, {T, hq, D}), ko(type, {T, hk, D});
+      tensor qw(dtype::f32, {D}), kw(dtype::f32, {D});
+      for (tensor* t : {&q, &k})
+        for (std::int64_t i = 0; i < t->numel(); ++i)
+          store_from_f64(t->data(), type, i, normal(rng));
+      for (tensor* t : {&qw, &kw})
+        for (std::int64_t j = 0; j < D; ++j)
+          store_from_f64(t->data(), dtype::f32, j, 1 + normal(rng) / 4);
+      qk_norm norm;
+      norm.q_weight = qw.view();
+      norm.k_weight = kw.view();
+      rope_tensors all;
+      all.q = q.view();
+      all.k = k.view();
+      all.q_out = qo.view();
+      all.k_out = ko.view();
+      const auto angles = rope_angles::from_theta(1e6);
+      qk_norm_rope_apply(rope_style::neox, all, rope_positions::from_offset(0), angles, norm);
+      int differing = 0;
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (bool is_q : {true, false}) {
+          tensor& x = is_q ? q : k;
+          const tensor& whole = is_q ? qo : ko;
+          const std::int64_t heads = is_q ? hq : hk;
+          const std::size_t bytes = static_cast<std::size_t>(heads * D) * size_of(type);
+          std::vector<unsigned char> alone(bytes);
+          rope_tensors one;
+          one.q = tensor_view::contiguous(static_cast<unsigned char*>(x.data()) + t * bytes, type,
+                                          {1, heads, D});
+          one.q_out = tensor_view::contiguous(alone.data(), type, {1, heads, D});
+          qk_norm one_norm;
+          one_norm.q_weight = is_q ? qw.view() : kw.view();
+          qk_norm_rope_apply(rope_style::neox, one, rope_positions::from_offset(t), angles,
+                             one_norm);
+          differing +=
+              std::memcmp(alone.data(), static_cast<const unsigned char*>(whole.data()) + t * bytes,
+                          bytes) != 0;
+        }
+      }
+      EXPECT_EQ(differing, 0) << to_string(type) << " " << hq << " + " << hk << " heads";
+    }
+  }
+}
+
 // QK RMSNorm + RoPE of heads wider than the sweep's: head dims 320 and 512, whose fp32
 // weights (with gptj's pairs taken apart) no longer fit the call's own storage, forward and
 // backward, in place and out of place.

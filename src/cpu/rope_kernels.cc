@@ -2166,6 +2166,20 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
   }
 }
 
+// Where one block's QK RMSNorm sums ahead leave off for the next (norm_rotate_block_ahead:
+// AVX2, SSE4): the block being taken (token, index in rope_plan::blocks) and the end of this
+// thread's tokens, set by the caller; the block whose first groups' r are in inv_rms, and the
+// ring slot of its first group, set by norm_rotate_block_ahead.
+struct norm_stream {
+  static constexpr std::int64_t ring = 3 * norm_group;
+  std::int64_t token = 0, last = 0;
+  int block = 0;
+  std::int64_t ready_token = -1;
+  int ready_block = -1;
+  std::int64_t ready_slot = 0;
+  HWY_ALIGN float inv_rms[ring];
+};
+
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
 #define TILEROPE_NORM_SUMS_AHEAD 1
 // QK RMSNorm's sums taken inside the rotation's loop (AVX2, SSE4): the rotation of row h also
@@ -2184,39 +2198,95 @@ constexpr std::int64_t norm_groups_ahead = 2;
 // `rows.rotate(x, y, r, ahead, s)` rotates one row with its r and, where `ahead` is not null,
 // adds the squares of that row into s[0] and s[1]; `rows.squares(x, s)` adds a row's squares
 // in the same order.
+//
+// The rows summed ahead run on past the block: the rotation of a block's last two groups sums
+// the first groups of the blocks that follow it in this thread's tokens (q then k of each
+// token, up to st.last), and their r wait in st.inv_rms for those blocks, which then take no
+// sums of their own first. Taken per block, the first two groups' sums (8 rows) went alone and
+// the last two groups' rotations without sums: Qwen3-8B's k block (8 heads) was all one and
+// then all the other, and gemma3-4b's blocks (8 and 4 heads of 256) had no row summed ahead.
+// AVX2 on Intel, bench --only qk-norm-rope, three alternations, one / two threads: gemma3-4b
+// bf16 0.57 / 0.56 to 0.63 / 0.63 of the ceiling in place, 0.65 / 0.64 to 0.77 / 0.71 out of
+// place; f16 0.66 / 0.66 to 0.76 / 0.74 and 0.76 / 0.76 to 0.85 / 0.84; f32 in place even
+// (0.88 / 0.90 against 0.86 / 0.89), out of place 0.94 / 0.88 to 0.98 / 1.02; Qwen3-8B's rows
+// within 0.02 either way.
 template <class T, class Rows>
 HWY_INLINE void norm_rotate_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
-                                        const T* in, T* out, const Rows& rows) {
-  constexpr std::int64_t group = norm_group, ahead = norm_groups_ahead;
+                                        const T* in, T* out, const Rows& rows, norm_stream& st) {
+  constexpr std::int64_t group = norm_group, ahead = norm_groups_ahead, slots = ahead + 1;
   static_assert(group == 4);  // store_inverse_rms4
-  const std::int64_t heads = blk.heads;
-  HWY_ALIGN float inv_rms[(ahead + 1) * group];  // a ring of groups' r
+  static_assert(slots * group <= norm_stream::ring);
+  const std::int64_t heads = blk.heads, groups = (heads + group - 1) / group;
+  // The rows of group g counted from this block's first (g >= groups: of the blocks after it
+  // in the stream), `count` of them `stride` elements apart; null past the thread's tokens.
+  auto group_rows = [&](std::int64_t g, std::int64_t& count, std::int64_t& stride) -> const T* {
+    std::int64_t t = st.token;
+    int k = st.block;
+    const head_block* b = &blk;
+    std::int64_t bg = groups;
+    while (g >= bg) {
+      g -= bg;
+      if (++k == p.num_blocks) {
+        k = 0;
+        if (++t >= st.last) return nullptr;
+      }
+      b = &p.blocks[k];
+      bg = (b->heads + group - 1) / group;
+    }
+    count = std::min(group, b->heads - g * group);
+    stride = b->in_h;
+    const T* first = b == &blk && t == st.token
+                         ? in
+                         : static_cast<const T*>(b->in) + t / p.seq * b->in_b + t % p.seq * b->in_s;
+    return first + g * group * b->in_h;
+  };
+  // r of the stream's groups in a ring of `slots` groups; `base`: this block's first group's
+  // slot
+  const bool carried = st.ready_token == st.token && st.ready_block == st.block;
+  const std::int64_t base = carried ? st.ready_slot : 0;
+  auto slot = [&](std::int64_t g) { return (base + g) % slots * group; };
   vf32 sums[group];
   auto inverse_rms = [&](std::int64_t g) {  // group g's r from sums
-    store_inverse_rms4(d, p, sums, inv_rms + g % (ahead + 1) * group);
+    store_inverse_rms4(d, p, sums, st.inv_rms + slot(g));
   };
-  for (std::int64_t g = 0; g < ahead && g * group < heads; ++g) {
+  if (!carried) {  // the first groups' sums, alone
+    for (std::int64_t g = 0; g < ahead; ++g) {
+      std::int64_t count = 0, stride = 0;
+      const T* x = group_rows(g, count, stride);
+      if (x == nullptr) break;
+      for (std::int64_t k = 0; k < group; ++k) {
+        vf32 s[2] = {hn::Zero(d), hn::Zero(d)};
+        if (k < count) rows.squares(x + k * stride, s);
+        sums[k] = hn::Add(s[0], s[1]);
+      }
+      inverse_rms(g);
+    }
+  }
+  for (std::int64_t g = 0; g < groups; ++g) {
+    std::int64_t count = 0, stride = 0;
+    const T* later = group_rows(g + ahead, count, stride);  // the rows first read here
     for (std::int64_t k = 0; k < group; ++k) {
+      const std::int64_t hd = g * group + k;
+      const T* x_later = later != nullptr && k < count ? later + k * stride : nullptr;
       vf32 s[2] = {hn::Zero(d), hn::Zero(d)};
-      if (g * group + k < heads) rows.squares(in + (g * group + k) * blk.in_h, s);
+      if (hd < heads) {
+        // Prefetched beyond row hd + 2 group (past the block's end, the next token's rows: the
+        // same buffer's stream). Beyond row hd, 2048 bytes are the 2 * group rows already read
+        // for bf16 and fewer for f32 (AVX2 on Intel, bench --only qk-norm-rope, Qwen3-8B in
+        // place, one thread: bf16 0.58 to 0.69 of the ceiling, f32 0.68 to 0.89).
+        prefetch_row(in + (hd + ahead * group) * blk.in_h, p.head_dim, p.prefetch_bytes);
+        rows.rotate(in + hd * blk.in_h, out + hd * blk.out_h, st.inv_rms[slot(g) + k], x_later, s);
+      } else if (x_later != nullptr) {  // a last group of fewer rows
+        rows.squares(x_later, s);
+      }
       sums[k] = hn::Add(s[0], s[1]);
     }
-    inverse_rms(g);
+    if (later != nullptr) inverse_rms(g + ahead);
   }
-  for (std::int64_t hd = 0; hd < heads; ++hd) {
-    const std::int64_t g = hd / group, k = hd % group;
-    const std::int64_t later = hd + ahead * group;
-    // Prefetched beyond the row first read here, `later` (past the block's end, the next
-    // token's rows: the same buffer's stream). Beyond row hd, 2048 bytes are the 2 * group
-    // rows already read for bf16 and fewer for f32 (AVX2 on Intel, bench --only qk-norm-rope,
-    // Qwen3-8B in place, one thread: bf16 0.58 to 0.69 of the ceiling, f32 0.68 to 0.89).
-    prefetch_row(in + later * blk.in_h, p.head_dim, p.prefetch_bytes);
-    vf32 s[2] = {hn::Zero(d), hn::Zero(d)};
-    rows.rotate(in + hd * blk.in_h, out + hd * blk.out_h, inv_rms[g % (ahead + 1) * group + k],
-                later < heads ? in + later * blk.in_h : nullptr, s);
-    sums[k] = hn::Add(s[0], s[1]);
-    if (k == group - 1 && (g + ahead) * group < heads) inverse_rms(g + ahead);
-  }
+  // the next block's first groups' r are in the ring (where it is among this thread's tokens)
+  st.ready_token = st.block + 1 == p.num_blocks ? st.token + 1 : st.token;
+  st.ready_block = st.block + 1 == p.num_blocks ? 0 : st.block + 1;
+  st.ready_slot = (base + groups) % slots;
 }
 
 // x r w of each loaded vector of halves (as norm_rotate_row), and where `ahead` is set the
@@ -2339,7 +2409,8 @@ struct bf16_rows_ahead {
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
-                                  const token_angles& a, float* h, typename IO::storage* row_copy) {
+                                  const token_angles& a, float* h, typename IO::storage* row_copy,
+                                  [[maybe_unused]] norm_stream& st) {
   using T = typename IO::storage;
   const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
@@ -2386,7 +2457,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
         if (half % (2 * lanes) == 0) {
           const bool bounded = all_at_most(d, rows, 4 * half, 0x1p100f);
           return norm_rotate_block_ahead(d, p, blk, in, out,
-                                         bf16_rows_ahead<IO>{d, folded, half, bounded});
+                                         bf16_rows_ahead<IO>{d, folded, half, bounded}, st);
         }
       }
 #endif
@@ -2398,10 +2469,10 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
     if (!blocks16 && held16 == 0 && rotary == D && half % lanes == 0) {
       if (a.full) {
         return norm_rotate_block_ahead(
-            d, p, blk, in, out, rows_ahead<IO, true>{d, a, blk.weight_a, blk.weight_b, half});
+            d, p, blk, in, out, rows_ahead<IO, true>{d, a, blk.weight_a, blk.weight_b, half}, st);
       }
-      return norm_rotate_block_ahead(d, p, blk, in, out,
-                                     rows_ahead<IO, false>{d, a, blk.weight_a, blk.weight_b, half});
+      return norm_rotate_block_ahead(
+          d, p, blk, in, out, rows_ahead<IO, false>{d, a, blk.weight_a, blk.weight_b, half}, st);
     }
   }
 #endif
@@ -2473,10 +2544,15 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
   float* scratch = thread_scratch(p);
   float* h = scratch + 2 * p.rotary_dim;
   T* row_copy = reinterpret_cast<T*>(h + p.head_dim);
+  norm_stream st;
+  st.last = last;
   for_each_block<T>(p, first, last, scratch,
-                    [&](std::int64_t, std::int64_t, const token_angles& a, const head_block& blk,
-                        const T* in, T* out) {
-                      norm_rotate_block<IO, PIn, POut, HfRound>(d, p, blk, in, out, a, h, row_copy);
+                    [&](std::int64_t b, std::int64_t s, const token_angles& a,
+                        const head_block& blk, const T* in, T* out) {
+                      st.token = b * p.seq + s;
+                      st.block = static_cast<int>(&blk - p.blocks);
+                      norm_rotate_block<IO, PIn, POut, HfRound>(d, p, blk, in, out, a, h, row_copy,
+                                                                st);
                     });
 }
 
