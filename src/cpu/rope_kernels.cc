@@ -1399,17 +1399,6 @@ HWY_INLINE token_angles block_ordered(df32 d, const token_angles& a, std::int64_
   return token_angles{rows, rows + half, rows + 2 * half, rows + 3 * half, true};
 }
 
-// Whether each of v[0, n) (n a multiple of the lanes) is at most `bound` in magnitude; NaN is
-// not.
-HWY_INLINE bool all_at_most(df32 d, const float* v, std::int64_t n, float bound) {
-  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
-  const vf32 b = hn::Set(d, bound);
-  auto within = hn::Le(hn::Abs(hn::LoadU(d, v)), b);
-  for (std::int64_t i = lanes; i < n; i += lanes)
-    within = hn::And(within, hn::Le(hn::Abs(hn::LoadU(d, v + i)), b));
-  return hn::AllTrue(d, within);
-}
-
 // Called with each step's first pair index: nothing, or QK RMSNorm's sums of another row.
 struct no_step_hook {
   HWY_INLINE void operator()(std::int64_t) const {}
@@ -2026,6 +2015,41 @@ HWY_INLINE token_angles fold_weights(df32 d, const token_angles& a, const float*
   return token_angles{ca, sa, cb, sb, true};
 }
 
+#ifdef TILEROPE_BF16_BLOCKS
+// fold_weights and block_ordered in one pass (r/2 a multiple of 2n), and whether every folded
+// angle is at most `bound` in magnitude, NaN not: the largest of their bits with the sign
+// shifted out, as u32 (that order is the order of magnitudes, NaN above all), against the
+// bound's. Three passes over the rows before (the bound checked by Le and Abs over the stored
+// rows): AVX2 on Intel, one thread, bf16 in place in cache, medians of three alternations,
+// gemma3-4b's heads (T = 5) 0.226-0.237 to 0.204-0.222 ns per element, Qwen3-8B's (T = 8)
+// 0.203-0.209 to 0.191-0.201.
+HWY_INLINE token_angles folded_in_block_order(df32 d, const token_angles& a, const float* wa,
+                                              const float* wb, std::int64_t half, float* rows,
+                                              float bound, bool& within) {
+  const auto n = static_cast<std::int64_t>(hn::Lanes(d));
+  const hn::RebindToUnsigned<df32> du;
+  auto most = hn::Zero(du);
+  float* const to[4] = {rows, rows + half, rows + 2 * half, rows + 3 * half};
+  for (std::int64_t i = 0; i < half; i += 2 * n) {
+    vf32 v0[4], v1[4];
+    folded_at(d, a, wa, wb, i, v0[0], v0[1], v0[2], v0[3]);
+    folded_at(d, a, wa, wb, i + n, v1[0], v1[1], v1[2], v1[3]);
+    for (int r = 0; r < 4; ++r) {
+      vf32 first, second;
+      to_block_order(d, v0[r], v1[r], first, second);
+      hn::StoreU(first, d, to[r] + i);
+      hn::StoreU(second, d, to[r] + i + n);
+      most = hn::Max(most, hn::Max(hn::ShiftLeft<1>(hn::BitCast(du, v0[r])),
+                                   hn::ShiftLeft<1>(hn::BitCast(du, v1[r]))));
+    }
+  }
+  std::uint32_t bound_bits;
+  std::memcpy(&bound_bits, &bound, sizeof bound_bits);
+  within = hn::GetLane(hn::MaxOfLanes(du, most)) <= bound_bits << 1;
+  return token_angles{to[0], to[1], to[2], to[3], true};
+}
+#endif
+
 // Heads of a block whose RMSNorm sums are found together, forward and backward (4 to 8
 // measured best).
 constexpr std::int64_t norm_group = 4;
@@ -2450,17 +2474,19 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
     blocks16 = held16 == 0 && takes_bf16_blocks<IO>(p, lanes);
     if (blocks16) {
       float* rows = angle_rows_scratch(p);
-      folded =
-          block_ordered(d, fold_weights(d, a, blk.weight_a, blk.weight_b, half, rows), half, rows);
 #ifdef TILEROPE_NORM_SUMS_AHEAD
       if constexpr (sizeof(T) == 2) {
         if (half % (2 * lanes) == 0) {
-          const bool bounded = all_at_most(d, rows, 4 * half, 0x1p100f);
+          bool bounded = false;
+          folded = folded_in_block_order(d, a, blk.weight_a, blk.weight_b, half, rows, 0x1p100f,
+                                         bounded);
           return norm_rotate_block_ahead(d, p, blk, in, out,
                                          bf16_rows_ahead<IO>{d, folded, half, bounded}, st);
         }
       }
 #endif
+      folded =
+          block_ordered(d, fold_weights(d, a, blk.weight_a, blk.weight_b, half, rows), half, rows);
     }
   }
 #endif
