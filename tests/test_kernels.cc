@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -949,15 +950,18 @@ TEST(Kernels, QkNormSameRowInEveryHeadGivesSameBits) {
 // Each row's RMSNorm and rotation depend on that row alone, wherever its sums are taken: with
 // AVX2 and SSE4 the rotation of a block's last groups sums the first groups of the blocks after
 // it (k's, then the next token's q), so the call over every token gives the bits of q's and k's
-// rows taken one token and one block at a time, at head counts that end groups of four mid-way.
+// rows taken one token and one block at a time, at head counts that end groups of four mid-way,
+// and with q alone (the next token's q follows q).
 TEST(Kernels, QkNormRowsGiveTheSameBitsOneBlockAtATime) {
   const std::int64_t T = 6, D = 128;
   std::mt19937 rng(73);
   std::normal_distribution<double> normal;
   for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
     for (auto [hq, hk] : std::vector<std::pair<std::int64_t, std::int64_t>>{
-             {1, 1}, {3, 2}, {4, 4}, {5, 3}, {8, 4}, {9, 1}, {32, 8}}) {
-      tensor q(type, {T, hq, D}), k(type, {T, hk, D}), qo(type, {T, hq, D}), ko(type, {T, hk, D});
+             {1, 1}, {3, 2}, {4, 4}, {5, 3}, {8, 4}, {9, 1}, {32, 8}, {6, 0}, {4, 0}}) {
+      const std::int64_t k_rows = std::max<std::int64_t>(hk, 1);  // k's tensors, unused at hk 0
+      tensor q(type, {T, hq, D}), k(type, {T, k_rows, D}), qo(type, {T, hq, D}),
+          ko(type, {T, k_rows, D});
       tensor qw(dtype::f32, {D}), kw(dtype::f32, {D});
       for (tensor* t : {&q, &k})
         for (std::int64_t i = 0; i < t->numel(); ++i)
@@ -967,17 +971,20 @@ TEST(Kernels, QkNormRowsGiveTheSameBitsOneBlockAtATime) {
           store_from_f64(t->data(), dtype::f32, j, 1 + normal(rng) / 4);
       qk_norm norm;
       norm.q_weight = qw.view();
-      norm.k_weight = kw.view();
       rope_tensors all;
       all.q = q.view();
-      all.k = k.view();
       all.q_out = qo.view();
-      all.k_out = ko.view();
+      if (hk > 0) {
+        norm.k_weight = kw.view();
+        all.k = k.view();
+        all.k_out = ko.view();
+      }
       const auto angles = rope_angles::from_theta(1e6);
       qk_norm_rope_apply(rope_style::neox, all, rope_positions::from_offset(0), angles, norm);
       int differing = 0;
       for (std::int64_t t = 0; t < T; ++t) {
         for (bool is_q : {true, false}) {
+          if (!is_q && hk == 0) continue;
           tensor& x = is_q ? q : k;
           const tensor& whole = is_q ? qo : ko;
           const std::int64_t heads = is_q ? hq : hk;
