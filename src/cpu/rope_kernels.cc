@@ -2207,10 +2207,11 @@ struct norm_stream {
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
 #define TILEROPE_NORM_SUMS_AHEAD 1
 // QK RMSNorm's sums taken inside the rotation's loop (AVX2, SSE4): the rotation of row h also
-// sums the squares of row h + 2 * norm_group (its `ahead` row), a step at a time, so that the
-// sums need no loop of their own and their latency has two groups of rows to hide in. The
-// first two groups' sums are taken first, in the same order, so that a row's r does not depend
-// on its place in the block. Against norm_rotate_block's own loop of sums, one group ahead
+// sums the squares of the row two groups on (its `ahead` row: h + 2 * norm_group in the block,
+// past it the blocks that follow), a step at a time, so that the sums need no loop of their
+// own and their latency has two groups of rows to hide in. A thread's first two groups' sums
+// are taken first, in the same order, so that a row's r does not depend on where it is summed.
+// Against norm_rotate_block's own loop of sums, one group ahead
 // (AVX2, one thread, 32 + 8 heads of 128, in place, minimum ns per element over three
 // alternations): in cache (T = 16) f32 0.216 to 0.183, bf16 0.281 to 0.252, f16 0.221 to
 // 0.194; in memory (T = 8192) bf16 0.325 to 0.292-0.315. Taken one group ahead, bf16 in cache was
