@@ -3218,10 +3218,10 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
     // output, and no faster at the others (bench --only qk-norm-rope-bwd, f16 out of place, one
     // thread: 60-71 or 22-35 ms streamed, 21-25 ms stored normally); f32 and bf16 streamed did
     // not move. With AVX-512 f16 streams, measured on Intel: rows held (norm_backward_block_held,
-    // two alternations) 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one / two threads; rows of
-    // norm_backward_block_ahead (head dim 256, gemma3-4b) 0.51 / 0.48 to 0.69 / 0.66-0.69, and
-    // with the output at eight offsets mod 4 KiB (one thread, 8 + 4 heads, T = 8192) 0.62-0.72
-    // ns per element to 0.46-0.50.
+    // two alternations) 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one / two threads; rows
+    // staged in norm_backward_block's own loop (head dim 256, gemma3-4b) 0.51 / 0.48 to 0.69 /
+    // 0.66-0.69, and with the output at eight offsets mod 4 KiB (one thread, 8 + 4 heads, T =
+    // 8192) 0.62-0.72 ns per element to 0.46-0.50.
     constexpr bool f16_streams = HWY_TARGET <= HWY_AVX3;
     if (norm_streams && (f16_streams || !std::is_same_v<typename IO::plain, f16_io>)) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
