@@ -606,6 +606,7 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
 // The same for QK RMSNorm + RoPE's backward: dx into its own aligned buffers (streamed)
 // equals dx over dy, bit for bit, and the weight gradients agree; halves, adjacent pairs and
 // the split-half layout, every dtype; head dims 128 (rows held with AVX-512) and 256 (not).
+// f16 runs streamed and stored normally without AVX-512 (the CPU picks one by default).
 TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
   const std::int64_t Hq = 32, Hk = 8;
   const auto as_input = rope_output_layout::as_input, split = rope_output_layout::split_half;
@@ -614,11 +615,15 @@ TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
     for (const auto [style, layout] :
          {std::pair{rope_style::neox, as_input}, std::pair{rope_style::gptj, as_input},
           std::pair{rope_style::gptj, split}}) {
-      for (auto [t, shift] : std::vector<std::pair<dtype, std::size_t>>{{dtype::f32, 0},
-                                                                        {dtype::f16, 0},
-                                                                        {dtype::bf16, 0},
-                                                                        {dtype::f16, 32},
-                                                                        {dtype::bf16, 32}}) {
+      for (auto [t, shift, streamed] :
+           std::vector<std::tuple<dtype, std::size_t, int>>{{dtype::f32, 0, -1},
+                                                            {dtype::f16, 0, 1},
+                                                            {dtype::f16, 0, 0},
+                                                            {dtype::bf16, 0, -1},
+                                                            {dtype::f16, 32, 1},
+                                                            {dtype::f16, 32, 0},
+                                                            {dtype::bf16, 32, -1}}) {
+        detail::set_f16_norm_backward_streamed(streamed);
         const std::size_t es = size_of(t), qn = T * Hq * D, kn = T * Hk * D;
         auto xq = aligned_bytes(qn * es), xk = aligned_bytes(kn * es), gq = aligned_bytes(qn * es);
         auto gk = aligned_bytes(kn * es);
@@ -660,7 +665,8 @@ TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
         }
         const std::string what = std::string(to_string(style)) + " " + std::string(to_string(t)) +
                                  " split " + std::to_string(layout == split) + " shift " +
-                                 std::to_string(shift) + " D " + std::to_string(D);
+                                 std::to_string(shift) + " D " + std::to_string(D) +
+                                 " f16 streamed " + std::to_string(streamed);
         EXPECT_EQ(std::memcmp(gq.get(), dq, qn * es), 0) << what;
         EXPECT_EQ(std::memcmp(gk.get(), dk, kn * es), 0) << what;
         EXPECT_EQ(dw[0][0], dw[1][0]) << what;
@@ -668,6 +674,7 @@ TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
       }
     }
   }
+  detail::set_f16_norm_backward_streamed(-1);
 }
 
 // Every variant that is a rotation: backward(forward(x)) = x, with per-token rows (neox,

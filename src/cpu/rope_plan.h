@@ -57,6 +57,14 @@ bool intel_cpu();
 // 0 or 1; -1 restores the CPU's default).
 bool norm_rows_held_16bit();
 void set_norm_rows_held_16bit(int held);
+// Whether QK RMSNorm's backward streams f16 dx without AVX-512 (with AVX-512 it always can). On
+// Intel (the default there) with AVX2, one thread, 32 + 8 heads of 128, T = 8192, out of place,
+// the output at nine offsets mod 4 KiB: 0.40-0.43 ns per element streamed against 0.51-0.55
+// stored normally. On the AVX2 class (AMD EPYC) streamed f16 measured 2.5 to 3 times slower
+// at some offsets of the output from the scratch rows, mod 4 KiB (docs/benchmarks.md). The
+// kernel tests take both (set: 0 or 1; -1 restores the CPU's default).
+bool f16_norm_backward_streamed();
+void set_f16_norm_backward_streamed(int streamed);
 
 struct rope_plan {
   rope_style style = rope_style::neox;
@@ -105,6 +113,7 @@ struct rope_plan {
   // software prefetch: the lines this many bytes beyond each row read, in the same buffer
   std::int64_t prefetch_bytes = tilerope::prefetch_bytes();
   bool held_16bit_norm_rows = norm_rows_held_16bit();
+  bool streams_f16_norm_backward = f16_norm_backward_streamed();
 
   std::int64_t tokens() const { return batch * seq; }
 };

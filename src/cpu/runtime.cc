@@ -240,6 +240,19 @@ bool norm_rows_held_16bit() {
 
 void set_norm_rows_held_16bit(int held) { held_16bit_norm_rows = held < 0 ? -1 : held != 0; }
 
+namespace {
+std::atomic<int> streamed_f16_norm_backward{-1};  // -1: the CPU's default
+}  // namespace
+
+bool f16_norm_backward_streamed() {
+  const int v = streamed_f16_norm_backward.load();
+  return v < 0 ? intel_cpu() : v != 0;
+}
+
+void set_f16_norm_backward_streamed(int streamed) {
+  streamed_f16_norm_backward = streamed < 0 ? -1 : streamed != 0;
+}
+
 bool native_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has = __builtin_cpu_supports("avx512bf16");
