@@ -2627,7 +2627,7 @@ HWY_INLINE token_angles weighted_angles(df32 d, const token_angles& a, const flo
 }
 
 // Backward of QK RMSNorm + RoPE for one block of one token whose rows are NV whole vectors of
-// pairs, every dim rotated (32 vector registers: AVX-512 at head dims 32, 64 and 128), in two
+// pairs, every dim rotated (32 vector registers: AVX-512 at head dims 32, 64, 128 and 256), in two
 // passes over each row with the row's r and coef between them. The weights are folded into
 // the angles (w cos and w sin: weighted_angles), so a row's rotation gives
 // q = w dh = w rope_backward(g) directly:
@@ -3006,17 +3006,26 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
 // are summed in fp32 over the heads of one token, then added into the fp64 accumulator.
 // `rows` holds dh and x in fp32 for each head of a group, then the token's weight-gradient
 // terms. Rows of whole vectors of pairs with every dim rotated take the held path (32 vector
-// registers, r/2 of 1, 2 or 4 vectors) or, with fewer registers, norm_backward_block_ahead;
-// the rest (partial rotary, r/2 not a multiple of the lanes, AVX-512 rows over 4 vectors) come
-// here.
+// registers, r/2 of 1, 2, 4 or 8 vectors) or, with fewer registers, norm_backward_block_ahead;
+// the rest (partial rotary, r/2 not a multiple of the lanes, AVX-512 rows of other numbers of
+// vectors) come here.
 
 // How many whole vectors of pairs a backward row held in registers has (norm_backward_block_held:
 // 32 vector registers, every dim rotated, every block's weights folded into the angles), else 0.
+// Rows of 8 vectors (head dim 256) too, which the forward does not hold (its folded angles take 4
+// NV registers): here the angles are loaded and the block's dw terms take the 2 NV = 16
+// registers (objdump: nothing spilled). Against the rows staged in norm_backward_block's own
+// loop, Intel, one thread, 8 + 4 heads of 256, min ns per element of three alternations: in
+// memory (T = 8192, in place) bf16 0.315-0.347 to 0.277-0.330, f16 0.303-0.324 to 0.256-0.259,
+// f32 0.598-0.623 to 0.592-0.609; in cache (T = 16, out of place) bf16 0.308-0.328 to
+// 0.272-0.300, f16 0.291-0.295 to 0.238-0.241, f32 0.318-0.335 to 0.284-0.293.
 inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
   for (int k = 0; k < p.num_blocks; ++k) {
     if (p.blocks[k].inverse_weight == nullptr) return 0;
   }
-  return lanes >= 16 && p.rotary_dim == p.head_dim ? held_vectors(p.rotary_dim / 2, lanes) : 0;
+  if (lanes < 16 || p.rotary_dim != p.head_dim) return 0;
+  if (p.rotary_dim / 2 == 8 * lanes) return 8;
+  return held_vectors(p.rotary_dim / 2, lanes);
 }
 
 template <class IO, pairs PIn, pairs POut>
@@ -3042,6 +3051,10 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
         lane_pair_ordered(d, blk.weight_b, half, ordered + 5 * half);
         const token_angles wa =
             weighted_angles(d, la, ordered + 4 * half, ordered + 5 * half, half, rows);
+        if (held == 8) {
+          return norm_backward_block_held<IO, PIn, POut, 8, true>(d, p, blk, g_in, dx_out, x_in,
+                                                                  wa.ca, staged, tdw, chunk);
+        }
         if (held == 4) {
           return norm_backward_block_held<IO, PIn, POut, 4, true>(d, p, blk, g_in, dx_out, x_in,
                                                                   wa.ca, staged, tdw, chunk);
@@ -3052,6 +3065,10 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
     }
 #endif
     const token_angles wa = weighted_angles(d, a, blk.weight_a, blk.weight_b, half, rows);
+    if (held == 8) {
+      return norm_backward_block_held<IO, PIn, POut, 8>(d, p, blk, g_in, dx_out, x_in, wa.ca,
+                                                        staged, tdw, chunk);
+    }
     if (held == 4) {
       return norm_backward_block_held<IO, PIn, POut, 4>(d, p, blk, g_in, dx_out, x_in, wa.ca,
                                                         staged, tdw, chunk);
@@ -3064,7 +3081,7 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
                                                       tdw, chunk);
   }
   // rows of whole vectors of pairs where no row is held (AVX-512 keeps its staged path for
-  // rows of more than four vectors of pairs)
+  // rows of 3, 5 to 7, or more than 8 vectors of pairs)
   if (lanes < 16 && rotary == D && half % lanes == 0) {
 #if TILEROPE_BF16_BLOCKS
     if constexpr (std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::halves &&
@@ -3223,9 +3240,9 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
     // 0.54 of the ceiling to 0.71 / 0.67, gemma3-4b 0.51 / 0.49 to 0.61 / 0.56; with SSE4 (f16
     // converted in software) within 0.01. With AVX-512 f16 streams, measured on Intel: rows held
     // (norm_backward_block_held, two alternations) 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one
-    // / two threads; rows staged in norm_backward_block's own loop (head dim 256, gemma3-4b) 0.51 /
-    // 0.48 to 0.69 / 0.66-0.69, and with the output at eight offsets mod 4 KiB (one thread, 8 + 4
-    // heads, T = 8192) 0.62-0.72 ns per element to 0.46-0.50.
+    // / two threads; rows staged in norm_backward_block's own loop (then head dim 256, gemma3-4b)
+    // 0.51 / 0.48 to 0.69 / 0.66-0.69, and with the output at eight offsets mod 4 KiB (one thread,
+    // 8 + 4 heads, T = 8192) 0.62-0.72 ns per element to 0.46-0.50.
     const bool f16_streams = HWY_TARGET <= HWY_AVX3 || p.streams_f16_norm_backward;
     if (norm_streams && (f16_streams || !std::is_same_v<typename IO::plain, f16_io>)) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);
