@@ -230,28 +230,27 @@ bool intel_cpu() {
 }
 
 namespace {
-std::atomic<int> held_16bit_norm_rows{-1};  // -1: the CPU's default
+// A kernel path chosen per CPU that the kernel tests can set: -1 (the CPU's default: taken on
+// Intel), 0 or 1.
+class intel_default {
+ public:
+  bool taken() const {
+    const int v = set_to_.load();
+    return v < 0 ? intel_cpu() : v != 0;
+  }
+  void set(int v) { set_to_ = v < 0 ? -1 : v != 0; }
+
+ private:
+  std::atomic<int> set_to_{-1};
+};
+
+intel_default held_16bit_norm_rows, streamed_f16_norm_backward;
 }  // namespace
 
-bool norm_rows_held_16bit() {
-  const int v = held_16bit_norm_rows.load();
-  return v < 0 ? intel_cpu() : v != 0;
-}
-
-void set_norm_rows_held_16bit(int held) { held_16bit_norm_rows = held < 0 ? -1 : held != 0; }
-
-namespace {
-std::atomic<int> streamed_f16_norm_backward{-1};  // -1: the CPU's default
-}  // namespace
-
-bool f16_norm_backward_streamed() {
-  const int v = streamed_f16_norm_backward.load();
-  return v < 0 ? intel_cpu() : v != 0;
-}
-
-void set_f16_norm_backward_streamed(int streamed) {
-  streamed_f16_norm_backward = streamed < 0 ? -1 : streamed != 0;
-}
+bool norm_rows_held_16bit() { return held_16bit_norm_rows.taken(); }
+void set_norm_rows_held_16bit(int held) { held_16bit_norm_rows.set(held); }
+bool f16_norm_backward_streamed() { return streamed_f16_norm_backward.taken(); }
+void set_f16_norm_backward_streamed(int streamed) { streamed_f16_norm_backward.set(streamed); }
 
 bool native_bf16() {
 #if defined(__x86_64__) || defined(__i386__)
