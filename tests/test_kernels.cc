@@ -605,13 +605,14 @@ TEST(Kernels, StreamingOutOfPlaceEqualsInPlace) {
 
 // The same for QK RMSNorm + RoPE's backward: dx into its own aligned buffers (streamed)
 // equals dx over dy, bit for bit, and the weight gradients agree; halves, adjacent pairs and
-// the split-half layout, every dtype; head dims 128 (rows held with AVX-512) and 256 (not).
-// f16 runs streamed and stored normally without AVX-512 (the CPU picks one by default).
+// the split-half layout, every dtype; head dims 128 and 256 (rows held with AVX-512: 4 and 8
+// vectors of pairs) and 192 (6: staged). f16 runs streamed and stored normally without AVX-512
+// (the CPU picks one by default).
 TEST(Kernels, QkNormBackwardStreamingEqualsInPlace) {
   const std::int64_t Hq = 32, Hk = 8;
   const auto as_input = rope_output_layout::as_input, split = rope_output_layout::split_half;
-  for (const std::int64_t D : {128, 256}) {
-    const std::int64_t T = D == 128 ? 1100 : 560;  // 16-bit dx over 8 MiB: streamed
+  for (const std::int64_t D : {128, 192, 256}) {
+    const std::int64_t T = D == 128 ? 1100 : D == 192 ? 730 : 560;  // 16-bit dx over 8 MiB
     for (const auto [style, layout] :
          {std::pair{rope_style::neox, as_input}, std::pair{rope_style::gptj, as_input},
           std::pair{rope_style::gptj, split}}) {
