@@ -2190,8 +2190,8 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
   }
 }
 
-// Where one block's QK RMSNorm sums ahead leave off for the next (norm_rotate_block_ahead:
-// AVX2, SSE4): the block being taken (token, index in rope_plan::blocks) and the end of this
+// Where one block's QK RMSNorm sums ahead leave off for the next (norm_rotate_block_ahead):
+// the block being taken (token, index in rope_plan::blocks) and the end of this
 // thread's tokens, set by the caller; the block whose first groups' r are in inv_rms, and the
 // ring slot of its first group, set by norm_rotate_block_ahead.
 struct norm_stream {
@@ -2204,9 +2204,9 @@ struct norm_stream {
   HWY_ALIGN float inv_rms[ring];
 };
 
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
 #define TILEROPE_NORM_SUMS_AHEAD 1
-// QK RMSNorm's sums taken inside the rotation's loop (AVX2, SSE4): the rotation of row h also
+// QK RMSNorm's sums taken inside the rotation's loop: the rotation of row h also
 // sums the squares of the row two groups on (its `ahead` row: h + 2 * norm_group in the block,
 // past it the blocks that follow), a step at a time, so that the sums need no loop of their
 // own and their latency has two groups of rows to hide in. A thread's first two groups' sums
@@ -2218,6 +2218,16 @@ struct norm_stream {
 // 0.264; two rows rotated together (their angle and weight loads shared), or the four rows of
 // a group summed in one loop, measured slower in memory (f32 0.43 against 0.36, and 0.48
 // against 0.39): this machine streams one row at a time best.
+// With AVX-512 the rows not held in registers take it too (16-bit and f32 rows of neither 1, 2
+// nor 4 vectors of pairs: head dim 256), where they took norm_rotate_block's own loop, whose
+// next group's sums read four rows in a burst at each group's start. Intel, bench --only
+// qk-norm-rope, gemma3-4b, three alternations, medians, one / two threads: in place bf16 0.73 /
+// 0.72 to 0.75 / 0.76 of the ceiling, f16 0.77 / 0.81 to 0.80 / 0.81, f32 0.86 / 0.92 to 0.92
+// / 0.91; out of place bf16 0.88 / 0.86 to 0.96 / 0.91, f16 0.93 / 0.94 to 0.98 / 0.96, f32
+// 1.04 / 1.15 to 1.09 / 1.10. Folding the weights into the angles once per block (as the bf16
+// rows without AVX-512 do) measured even with AVX-512 (a loop calling the library, in memory)
+// and slower with AVX2 for f16 at head dim 256 (bench, in place 0.81 / 0.82 to 0.75 / 0.77): a
+// block of 4 or 8 heads of 256 folds 512 angles for few rows.
 constexpr std::int64_t norm_groups_ahead = 2;
 
 // `rows.rotate(x, y, r, ahead, s)` rotates one row with its r and, where `ahead` is not null,
@@ -2334,8 +2344,9 @@ struct normalised_summing_ahead {
   }
 };
 
-// Rows of halves that norm_rotate_row takes (f32, and f16 rows longer than four vectors of
-// pairs), r/2 a multiple of the lanes: its loop with the sums ahead.
+// Rows of halves that norm_rotate_row takes (f32; f16 rows of neither 1, 2 nor 4 vectors of
+// pairs, and with AVX-512 such bf16 rows too), r/2 a multiple of the lanes: its loop with the
+// sums ahead.
 template <class IO, bool Full>
 struct rows_ahead {
   using T = typename IO::storage;
@@ -2361,6 +2372,7 @@ struct rows_ahead {
   }
 };
 
+#ifdef TILEROPE_BF16_BLOCKS
 // One step of a bf16 row of halves (pairs [i, i + 2n) of both halves), squared into s[0] and
 // s[1] in block order.
 HWY_INLINE void add_bf16_block_squares(df32 d, const std::uint16_t* x, std::int64_t i,
@@ -2415,6 +2427,7 @@ struct bf16_rows_ahead {
     s[1] = s1;
   }
 };
+#endif  // TILEROPE_BF16_BLOCKS
 #endif
 
 // QK RMSNorm + RoPE of one block (q or k) of one token, in groups of four heads: first
@@ -2429,8 +2442,9 @@ struct bf16_rows_ahead {
 // shorter than a vector of pairs go through h = x r w in fp32 scratch `h`. With fp32_once,
 // rows of 1, 2 or 4 whole vectors of pairs and 32 vector registers take norm_rotate_block_held
 // when x is f32 (in cache 0.18 to 0.135 ns per element), norm_rotate_row_vectors when x is
-// 16-bit (any lane count). With AVX2 and SSE4, fp32_once rows of halves (every dim rotated) take
-// their sums two groups ahead inside the rotation's loop instead (norm_rotate_block_ahead).
+// 16-bit (any lane count). The other fp32_once rows of halves (every dim rotated, r/2 a multiple
+// of the lanes) take their sums two groups ahead inside the rotation's loop instead
+// (norm_rotate_block_ahead).
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
