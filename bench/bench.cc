@@ -835,6 +835,7 @@ int run_bench(const bench_options& o) {
   }
   // decode: cache resident, ns per call on the calling thread (and with all threads allowed:
   // small problems stay on the caller)
+  const std::size_t before_decode = rows.size();
   for (std::int64_t T : {1, 16}) {
     const shape_case s{"decode", T, 32, 8, 128, true};
     for (kernel_kind kind :
@@ -847,6 +848,24 @@ int run_bench(const bench_options& o) {
         }
       }
     }
+  }
+  // the timer's own cost, which each decode row's ns/call includes: an empty call timed as each
+  // decode call is (two clock reads around a std::function call); tens of ns where the clock is
+  // read in user space (the TSC), more where each read enters the kernel
+  if (rows.size() > before_decode) {
+    const timing t = time_it(
+        std::max(repeats, 200), false, [] {}, [] {});
+    row r;
+    r.kernel = "decode-timer";
+    r.dtype_name = "-";
+    r.inplace = false;
+    r.threads = 1;
+    r.shape = "empty call";
+    r.median_s = t.median;
+    r.min_s = t.min;
+    r.ns_per_call = t.median * 1e9;
+    rows.push_back(r);
+    print(rows.back());
   }
   // linearity: time per element of rope-neox bf16 in place, one thread, T = 1024 .. 32768,
   // every length (and its ceiling) timed once per round, so that all see the same machine;
