@@ -853,8 +853,8 @@ int run_bench(const bench_options& o) {
   // decode call is (two clock reads around a std::function call); tens of ns where the clock is
   // read in user space (the TSC), more where each read enters the kernel
   if (rows.size() > before_decode) {
-    const timing t = time_it(
-        std::max(repeats, 200), false, [] {}, [] {});
+    const std::function<void()> nothing = [] {};
+    const timing t = time_it(std::max(repeats, 200), false, nothing, nothing);
     row r;
     r.kernel = "decode-timer";
     r.dtype_name = "-";
