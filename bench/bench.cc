@@ -307,6 +307,18 @@ struct row {
   double median_s = 0, min_s = 0;
 };
 
+// A row naming what was timed; the caller adds its figures.
+row named_row(std::string kernel, std::string dtype_name, bool inplace, int threads,
+              std::string shape) {
+  row r;
+  r.kernel = std::move(kernel);
+  r.dtype_name = std::move(dtype_name);
+  r.inplace = inplace;
+  r.threads = threads;
+  r.shape = std::move(shape);
+  return r;
+}
+
 struct shape_case {
   std::string name;
   std::int64_t T, Hq, Hk, D;
@@ -704,12 +716,7 @@ row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int th
             bool with_baseline, ceilings& ceil) {
   problem p = make_problem(kind, s, t, inplace, threads, with_baseline);
   set_num_threads(threads);
-  row r;
-  r.kernel = name_of(kind);
-  r.dtype_name = std::string(to_string(t));
-  r.inplace = inplace;
-  r.threads = threads;
-  r.shape = s.label();
+  row r = named_row(name_of(kind), std::string(to_string(t)), inplace, threads, s.label());
   if (s.decode) {
     const timing kt = time_it(repeats, false, p.run, p.restore);
     r.median_s = kt.median;
@@ -750,12 +757,7 @@ row bench_skeleton(int repeats) {
     rope_apply(rope_style::neox, x, rope_positions::from_offset(0),
                rope_angles::from_table(table.cos, table.sin));
   });
-  row r;
-  r.kernel = "tile-skeleton";
-  r.dtype_name = "f32";
-  r.inplace = false;
-  r.threads = 1;
-  r.shape = "[B,S,D]=[2048,16,128]";
+  row r = named_row("tile-skeleton", "f32", false, 1, "[B,S,D]=[2048,16,128]");
   r.median_s = tt.median;
   r.min_s = tt.min;
   r.ratio_to_production = tt.median / pt.median;
@@ -855,12 +857,7 @@ int run_bench(const bench_options& o) {
   if (rows.size() > before_decode) {
     const std::function<void()> nothing = [] {};
     const timing t = time_it(std::max(repeats, 200), false, nothing, nothing);
-    row r;
-    r.kernel = "decode-timer";
-    r.dtype_name = "-";
-    r.inplace = false;
-    r.threads = 1;
-    r.shape = "empty call";
+    row r = named_row("decode-timer", "-", false, 1, "empty call");
     r.median_s = t.median;
     r.min_s = t.min;
     r.ns_per_call = t.median * 1e9;
@@ -891,12 +888,7 @@ int run_bench(const bench_options& o) {
     }
     const std::vector<timing> t = time_rounds(2 * repeats, fns);
     for (std::size_t i = 0; i < lengths.size(); ++i) {
-      row r;
-      r.kernel = "rope-neox-scale";
-      r.dtype_name = "bf16";
-      r.inplace = true;
-      r.threads = 1;
-      r.shape = shapes[i].label();
+      row r = named_row("rope-neox-scale", "bf16", true, 1, shapes[i].label());
       set_bandwidth(r, problems[i], t[2 * i], t[2 * i + 1]);
       r.ns_per_element = r.median_s * 1e9 / static_cast<double>(lengths[i] * (32 + 8) * 128);
       print(r);
