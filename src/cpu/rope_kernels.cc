@@ -3052,10 +3052,31 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
   constexpr std::int64_t group = norm_group;
   float* tdw = rows + 2 * group * D;
-  // rows of 1, 2 or 4 whole vectors of pairs with 32 vector registers: held in registers
+  // rows of 1, 2, 4 or 8 whole vectors of pairs with 32 vector registers: held in registers
   const int held = norm_backward_held_vectors(p, lanes);
   if (held != 0) {
     float* staged = rows + 5 * D;  // [3 D] q of the rows in flight
+    // norm_backward_block_held at the row's number of vectors of pairs, through `angles`
+    // (weighted_angles' four rows, from angles.ca)
+    auto held_rows = [&](auto lane_pairs, const token_angles& angles) TILEROPE_INLINE_LAMBDA {
+      constexpr bool LP = decltype(lane_pairs)::value;
+      switch (held) {
+        case 8:
+          return norm_backward_block_held<IO, PIn, POut, 8, LP>(d, p, blk, g_in, dx_out, x_in,
+                                                                angles.ca, staged, tdw, chunk);
+        case 4:
+          return norm_backward_block_held<IO, PIn, POut, 4, LP>(d, p, blk, g_in, dx_out, x_in,
+                                                                angles.ca, staged, tdw, chunk);
+        case 2:
+          return norm_backward_block_held<IO, PIn, POut, 2, LP>(d, p, blk, g_in, dx_out, x_in,
+                                                                angles.ca, staged, tdw, chunk);
+        default:  // 1: never in lane-pair order
+          if constexpr (!LP) {
+            return norm_backward_block_held<IO, PIn, POut, 1>(d, p, blk, g_in, dx_out, x_in,
+                                                              angles.ca, staged, tdw, chunk);
+          }
+      }
+    };
 #ifdef TILEROPE_LANE_PAIRS
     if constexpr (takes_lane_pairs<IO, PIn, POut>()) {
       if (held != 1) {  // the token's angles and the block's weights in lane-pair order
@@ -3063,36 +3084,13 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
         const token_angles la = lane_pair_angles(d, a, half, ordered);
         lane_pair_ordered(d, blk.weight_a, half, ordered + 4 * half);
         lane_pair_ordered(d, blk.weight_b, half, ordered + 5 * half);
-        const token_angles wa =
-            weighted_angles(d, la, ordered + 4 * half, ordered + 5 * half, half, rows);
-        if (held == 8) {
-          return norm_backward_block_held<IO, PIn, POut, 8, true>(d, p, blk, g_in, dx_out, x_in,
-                                                                  wa.ca, staged, tdw, chunk);
-        }
-        if (held == 4) {
-          return norm_backward_block_held<IO, PIn, POut, 4, true>(d, p, blk, g_in, dx_out, x_in,
-                                                                  wa.ca, staged, tdw, chunk);
-        }
-        return norm_backward_block_held<IO, PIn, POut, 2, true>(d, p, blk, g_in, dx_out, x_in,
-                                                                wa.ca, staged, tdw, chunk);
+        return held_rows(std::true_type{}, weighted_angles(d, la, ordered + 4 * half,
+                                                           ordered + 5 * half, half, rows));
       }
     }
 #endif
-    const token_angles wa = weighted_angles(d, a, blk.weight_a, blk.weight_b, half, rows);
-    if (held == 8) {
-      return norm_backward_block_held<IO, PIn, POut, 8>(d, p, blk, g_in, dx_out, x_in, wa.ca,
-                                                        staged, tdw, chunk);
-    }
-    if (held == 4) {
-      return norm_backward_block_held<IO, PIn, POut, 4>(d, p, blk, g_in, dx_out, x_in, wa.ca,
-                                                        staged, tdw, chunk);
-    }
-    if (held == 2) {
-      return norm_backward_block_held<IO, PIn, POut, 2>(d, p, blk, g_in, dx_out, x_in, wa.ca,
-                                                        staged, tdw, chunk);
-    }
-    return norm_backward_block_held<IO, PIn, POut, 1>(d, p, blk, g_in, dx_out, x_in, wa.ca, staged,
-                                                      tdw, chunk);
+    return held_rows(std::false_type{},
+                     weighted_angles(d, a, blk.weight_a, blk.weight_b, half, rows));
   }
   // rows of whole vectors of pairs where no row is held (AVX-512 keeps its staged path for
   // rows of 3, 5 to 7, or more than 8 vectors of pairs)
