@@ -2640,14 +2640,38 @@ HWY_INLINE token_angles weighted_angles(df32 d, const token_angles& a, const flo
   return token_angles{rows, rows + half, rows + 2 * half, rows + 3 * half, true};
 }
 
-// Backward of QK RMSNorm + RoPE for one block of one token whose rows are NV whole vectors of
-// pairs, every dim rotated (32 vector registers: AVX-512 at head dims 32, 64, 128 and 256), in two
-// passes over each row with the row's r and coef between them. The weights are folded into
-// the angles (w cos and w sin: weighted_angles), so a row's rotation gives
-// q = w dh = w rope_backward(g) directly:
+// Scratch of the backward's held rows (norm_backward_run_held), per thread.
+struct held_scratch {
+  float* token;     // angles_for's scratch
+  float* ordered;   // [4 r/2] the token's angles in lane-pair order
+  const float* wa;  // the block's weights of the pairs' first elements (r/2) and
+  const float* wb;  //   of their second, in the rows' order
+  float* angles;    // [4 r/2] the token's weighted angles (weighted_angles)
+  float* staged;    // [3 D] q of the rows in flight
+  float* tdw;       // [D] the run's dw terms
+};
+
+// Token (b, s)'s angles (`given`, else angles_for's) with the block's weights folded in, into
+// sc.angles (weighted_angles), in lane-pair order with LanePairs: out of line, one copy for
+// every held kernel.
+template <bool LanePairs>
+HWY_NOINLINE void weigh_token_angles(df32 d, const rope_plan& p, std::int64_t b, std::int64_t s,
+                                     const token_angles* given, const held_scratch& sc) {
+  token_angles a = given != nullptr ? *given : angles_for(p, b, s, sc.token);
+#ifdef TILEROPE_LANE_PAIRS
+  if constexpr (LanePairs) a = lane_pair_angles(d, a, p.rotary_dim / 2, sc.ordered);
+#endif
+  weighted_angles(d, a, sc.wa, sc.wb, p.rotary_dim / 2, sc.angles);
+}
+
+// Backward of QK RMSNorm + RoPE for one block of a run of tokens [first, last) whose rows are NV
+// whole vectors of pairs, every dim rotated (32 vector registers: AVX-512 at head dims 32, 64, 128
+// and 256), in two passes over each row with the row's r and coef between them. The weights are
+// folded into the angles (w cos and w sin: weighted_angles), so a row's rotation gives q = w dh = w
+// rope_backward(g) directly:
 //     sums:   q (staged in fp32, in L1),  r = 1 / sqrt(x.x / D + eps),  coef = r^3 q.x / D
 //     apply:  x read again (from L1),  dx = r q - coef x,  dw' += (r q) x
-// and the block's dw' over this token's heads becomes dw = dw' / w in fp64
+// and the block's dw' over the run's rows becomes dw = dw' / w in fp64
 // (blk.inverse_weight, set where every weight folds: see head_block). A vector of pairs takes
 // 14 vector operations where there were 18 (the dot one FMA a half instead of a multiply and
 // an FMA; the apply three a half: r q, dw', and dx as one FNMA on r q), and 4 angle loads
@@ -2662,18 +2686,33 @@ HWY_INLINE token_angles weighted_angles(df32 d, const token_angles& a, const flo
 // (two sums, their lane reductions, a square root and a division) overlaps other rows' work. Each
 // row applied as soon as its own sums were done (its dh and x held in registers), the work waiting
 // on that chain filled the scheduler and rows barely overlapped. The dw terms stay in registers
-// across the block's heads. Intel, one thread, 32 + 8 heads of 128, in place, min ns per element:
+// across the run's rows. Intel, one thread, 32 + 8 heads of 128, in place, min ns per element:
 // bf16 in L2 (T = 8) 0.274-0.288 to 0.221-0.224 (with LanePairs; f32 and f16 even); bench --only
 // qk-norm-rope-bwd, Qwen3-8B, two alternations, bf16 0.74 / 0.68 to 0.79 / 0.75 of the ceiling at
 // one / two threads in place, 0.70 / 0.66 to 0.80 / 0.76 out of place, f32 and f16 within the
-// spread. `angles`: the four rows of weighted_angles, one after another. LanePairs (bf16
-// halves with AVX512-BF16, NV even): the rows, and the angles, in lane-pair order.
+// spread.
+// The rows are those of a run of tokens (block_run, q's and then k's, as
+// for_each_block_in_runs takes them), token by token, and the sums run on across the tokens: a
+// token's first two rows are summed while the token before it ends (its weighted angles found
+// as its first row is summed: weigh_token_angles), and the dw terms go into fp64 once a run.
+// Taken one token at a time, a block's first two rows were summed alone and its last two
+// applied alone, and each token added its terms into fp64: a quarter to a third of the rows of
+// gemma3-4b's blocks (8 and 4 heads of 256) went without the overlap. Intel, one thread,
+// 8 + 4 heads of 256, in place, min ns per element: in memory (T = 8192) bf16 0.387-0.409 to
+// 0.341-0.350, f16 0.372-0.377 to 0.327-0.331, f32 0.618-0.637 to 0.603-0.614; in cache (T =
+// 16) bf16 0.328-0.329 to 0.270-0.288, f16 0.249-0.264 to 0.216-0.234. bench --only
+// qk-norm-rope-bwd, four alternations, medians, one / two threads: gemma3-4b in place bf16
+// 0.712 / 0.652 to 0.774 / 0.748 of the ceiling, f16 0.711 / 0.701 to 0.793 / 0.798, f32
+// 0.873 / 0.832 to 0.895 / 0.891; out of place bf16 0.689 / 0.653 to 0.785 / 0.761, f16 0.701
+// / 0.686 to 0.803 / 0.814, f32 0.821 / 0.809 to 0.914 / 0.910; Qwen3-8B within -0.016 (f32 in
+// place) to +0.035 (bf16 in place, two threads). Runs of 4 and of 64 tokens measured no better.
+// LanePairs (bf16 halves with AVX512-BF16, NV even): the rows, and the angles, in lane-pair
+// order.
 template <class IO, pairs PIn, pairs POut, int NV, bool LanePairs = false>
-HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const head_block& blk,
-                                           const typename IO::storage* g_in,
-                                           typename IO::storage* dx_out,
-                                           const typename IO::storage* x_in, const float* angles,
-                                           float* staged, float* tdw, int chunk) {
+HWY_NOINLINE void norm_backward_run_held(df32 d, const rope_plan& p, const head_block& blk,
+                                         std::int64_t first, std::int64_t last,
+                                         const token_angles* given, const held_scratch& sc,
+                                         int chunk) {
   using T = typename IO::storage;
   // f16 halves two vectors a step, stored a line at a time (bench --only qk-norm-rope-bwd, two
   // alternations: out of place 0.76 / 0.70 to 0.79 / 0.76 of the ceiling, in place even)
@@ -2688,10 +2727,21 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
   const std::int64_t half = NV * n, D = 2 * half, heads = blk.heads;
   const std::int64_t g_h = blk.in_h, x_h = blk.x_h, dx_h = blk.out_h;
   const float inv_d = 1.0f / static_cast<float>(D);
+  const float* angles = sc.angles;
   // angle row k (w_a cos, w_a sin, w_b cos, w_b sin) at vector v
   auto angle = [&](int k, int v) { return in_register(hn::LoadU(d, angles + k * half + v * n)); };
-  auto row_g = [&](std::int64_t h) { return g_in + h * g_h; };
-  auto row_x = [&](std::int64_t h) { return x_in + h * x_h; };
+  // The rows in the order the sums reach them: head sh of token st, from the token's first
+  // rows g_row, x_row and dx_row; the token's weighted angles are found as its first row is.
+  std::int64_t st = first, sh = 0;
+  const T *g_row = nullptr, *x_row = nullptr;
+  T* dx_row = nullptr;
+  auto enter_token = [&](std::int64_t t) {
+    const std::int64_t b = t / p.seq, s = t % p.seq;
+    g_row = static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s;
+    x_row = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
+    dx_row = static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s;
+    weigh_token_angles<LanePairs>(d, p, b, s, given, sc);
+  };
   // q and x of one step of a row (S vectors of pairs from vector v0)
   auto load_step = [&](const T* g, const T* x, int v0, vf32* qa, vf32* qb, vf32* xa, vf32* xb)
                        TILEROPE_INLINE_LAMBDA {
@@ -2705,12 +2755,19 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
                          }
                        };
   const hn::CappedTag<float, 1> d1;
-  float r_of[ahead + 1], coef_of[ahead + 1];  // of the rows in flight, by h mod (ahead + 1)
-  // q of the rows in flight, in fp32 (first elements, then second), by h mod (ahead + 1)
-  auto q_of = [&](std::int64_t h) { return staged + h % (ahead + 1) * D; };
-  auto sums = [&](std::int64_t h) TILEROPE_INLINE_LAMBDA {
-    const T *g = row_g(h), *x = row_x(h);
-    float* q = q_of(h);
+  // of the rows in flight, by slot (row number mod ahead + 1): r, coef, x and dx
+  float r_of[ahead + 1], coef_of[ahead + 1];
+  const T* x_of[ahead + 1];
+  T* dx_of[ahead + 1];
+  // q of the rows in flight, in fp32 (first elements, then second), by slot
+  auto q_of = [&](int slot) { return sc.staged + slot * D; };
+  auto sums = [&](int slot) TILEROPE_INLINE_LAMBDA {
+    if (sh == 0) enter_token(st);
+    const T *g = g_row + sh * g_h, *x = x_row + sh * x_h;
+    x_of[slot] = x;
+    dx_of[slot] = dx_row + sh * dx_h;
+    if (++sh == heads) sh = 0, ++st;
+    float* q = q_of(slot);
     prefetch_row(g, D, p.prefetch_bytes);
     prefetch_row(x, D, p.prefetch_bytes);
     // two accumulators each (the pairs' first and second elements): a shorter chain
@@ -2733,18 +2790,22 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
     const float r =
         hn::GetLane(hn::Div(hn::Set(d1, 1.0f), hn::Sqrt(hn::Add(mean_sq, hn::Set(d1, p.eps)))));
     const float dot_d = hn::GetLane(hn::SumOfLanes(d, hn::Add(dota, dotb))) * inv_d;
-    r_of[h % (ahead + 1)] = r;
-    coef_of[h % (ahead + 1)] = (r * r) * (r * dot_d);
+    r_of[slot] = r;
+    coef_of[slot] = (r * r) * (r * dot_d);
   };
   vf32 dwa[NV], dwb[NV];  // dw' (w dw) of the pairs' first and second elements
   for (int v = 0; v < NV; ++v) dwa[v] = dwb[v] = hn::Zero(d);
-  for (std::int64_t h = 0; h < std::min(ahead, heads); ++h) sums(h);
-  for (std::int64_t h = 0; h < heads; ++h) {
-    if (h + ahead < heads) sums(h + ahead);
-    const vf32 rv = hn::Set(d, r_of[h % (ahead + 1)]), cv = hn::Set(d, coef_of[h % (ahead + 1)]);
-    const T* x = row_x(h);
-    const float* q = q_of(h);
-    T* dx = dx_out + h * dx_h;
+  const std::int64_t rows = (last - first) * heads;
+  for (std::int64_t m = 0; m < std::min(ahead, rows); ++m) sums(static_cast<int>(m));
+  int slot = 0, slot_ahead = static_cast<int>(ahead);  // of rows m and m + ahead
+  for (std::int64_t m = 0; m < rows; ++m) {
+    if (m + ahead < rows) sums(slot_ahead);
+    const vf32 rv = hn::Set(d, r_of[slot]), cv = hn::Set(d, coef_of[slot]);
+    const T* x = x_of[slot];
+    const float* q = q_of(slot);
+    T* dx = dx_of[slot];
+    slot = slot == ahead ? 0 : slot + 1;
+    slot_ahead = slot_ahead == ahead ? 0 : slot_ahead + 1;
     for (int v0 = 0; v0 < NV; v0 += S) {
       vf32 xa[S], xb[S], ya[S], yb[S];
       load_pairs_step<IO, POut, LanePairs, Wide>(d, x, v0 * n, half, xa, xb);
@@ -2761,7 +2822,8 @@ HWY_NOINLINE void norm_backward_block_held(df32 d, const rope_plan& p, const hea
       store_pairs_step<IO, POut, LanePairs, Wide>(d, ya, yb, dx, v0 * n, half);
     }
   }
-  // the block's heads of this token, summed, in the weight's element order, divided by w
+  // the run's rows, summed, in the weight's element order, divided by w
+  float* tdw = sc.tdw;
   for (int v = 0; v < NV; v += S) {
     if constexpr (LanePairs) {
       hn::StoreInterleaved2(dwa[v], dwa[v + 1], d, tdw + v * n);
@@ -3020,11 +3082,11 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
 // are summed in fp32 over the heads of one token, then added into the fp64 accumulator.
 // `rows` holds dh and x in fp32 for each head of a group, then the token's weight-gradient
 // terms. Rows of whole vectors of pairs with every dim rotated take the held path (32 vector
-// registers, r/2 of 1, 2, 4 or 8 vectors) or, with fewer registers, norm_backward_block_ahead;
-// the rest (partial rotary, r/2 not a multiple of the lanes, AVX-512 rows of other numbers of
-// vectors) come here.
+// registers, r/2 of 1, 2, 4 or 8 vectors: norm_backward_held, called by the tokens loop) or,
+// with fewer registers, norm_backward_block_ahead; the rest (partial rotary, r/2 not a multiple
+// of the lanes, AVX-512 rows of other numbers of vectors) come here.
 
-// How many whole vectors of pairs a backward row held in registers has (norm_backward_block_held:
+// How many whole vectors of pairs a backward row held in registers has (norm_backward_run_held:
 // 32 vector registers, every dim rotated, every block's weights folded into the angles), else 0.
 // Rows of 8 vectors (head dim 256) too, which the forward does not hold (its folded angles take 4
 // NV registers): here the angles are loaded and the block's dw terms take the 2 NV = 16
@@ -3042,6 +3104,57 @@ inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
   return held_vectors(p.rotary_dim / 2, lanes);
 }
 
+// The backward's held rows of tokens [first, last) of one block, `held` whole vectors of pairs
+// (norm_backward_held_vectors), through norm_backward_run_held. `given`: the angles of a run of
+// one token, else null (each token's are found). `rows`: qk_norm_backward_tokens_loop's.
+template <class IO, pairs PIn, pairs POut>
+HWY_INLINE void norm_backward_held(df32 d, const rope_plan& p, const head_block& blk, int held,
+                                   std::int64_t first, std::int64_t last, const token_angles* given,
+                                   float* token_scratch, float* rows, int chunk) {
+  const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
+  // rows: [0, 2D) the weighted angles, [2D, 4D) the lane-pair angles, [4D, 5D) the lane-pair
+  // weights, [5D, 8D) q staged, [8D, 9D) the dw terms
+  held_scratch sc;
+  sc.token = token_scratch;
+  sc.ordered = rows + 4 * half;
+  sc.wa = blk.weight_a;
+  sc.wb = blk.weight_b;
+  sc.angles = rows;
+  sc.staged = rows + 5 * D;
+  sc.tdw = rows + 2 * norm_group * D;
+  auto run = [&](auto lane_pairs) TILEROPE_INLINE_LAMBDA {
+    constexpr bool LP = decltype(lane_pairs)::value;
+    switch (held) {
+      case 8:
+        return norm_backward_run_held<IO, PIn, POut, 8, LP>(d, p, blk, first, last, given, sc,
+                                                            chunk);
+      case 4:
+        return norm_backward_run_held<IO, PIn, POut, 4, LP>(d, p, blk, first, last, given, sc,
+                                                            chunk);
+      case 2:
+        return norm_backward_run_held<IO, PIn, POut, 2, LP>(d, p, blk, first, last, given, sc,
+                                                            chunk);
+      default:  // 1: never in lane-pair order
+        if constexpr (!LP) {
+          return norm_backward_run_held<IO, PIn, POut, 1>(d, p, blk, first, last, given, sc, chunk);
+        }
+    }
+  };
+#ifdef TILEROPE_LANE_PAIRS
+  if constexpr (takes_lane_pairs<IO, PIn, POut>()) {
+    if (held != 1) {            // the block's weights in lane-pair order (the angles: per token)
+      float* w = rows + 4 * D;  // [2 r/2]
+      lane_pair_ordered(d, blk.weight_a, half, w);
+      lane_pair_ordered(d, blk.weight_b, half, w + half);
+      sc.wa = w;
+      sc.wb = w + half;
+      return run(std::true_type{});
+    }
+  }
+#endif
+  return run(std::false_type{});
+}
+
 template <class IO, pairs PIn, pairs POut>
 HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block& blk,
                                     const typename IO::storage* g_in, typename IO::storage* dx_out,
@@ -3052,46 +3165,6 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
   constexpr std::int64_t group = norm_group;
   float* tdw = rows + 2 * group * D;
-  // rows of 1, 2, 4 or 8 whole vectors of pairs with 32 vector registers: held in registers
-  const int held = norm_backward_held_vectors(p, lanes);
-  if (held != 0) {
-    float* staged = rows + 5 * D;  // [3 D] q of the rows in flight
-    // norm_backward_block_held at the row's number of vectors of pairs, through `angles`
-    // (weighted_angles' four rows, from angles.ca)
-    auto held_rows = [&](auto lane_pairs, const token_angles& angles) TILEROPE_INLINE_LAMBDA {
-      constexpr bool LP = decltype(lane_pairs)::value;
-      switch (held) {
-        case 8:
-          return norm_backward_block_held<IO, PIn, POut, 8, LP>(d, p, blk, g_in, dx_out, x_in,
-                                                                angles.ca, staged, tdw, chunk);
-        case 4:
-          return norm_backward_block_held<IO, PIn, POut, 4, LP>(d, p, blk, g_in, dx_out, x_in,
-                                                                angles.ca, staged, tdw, chunk);
-        case 2:
-          return norm_backward_block_held<IO, PIn, POut, 2, LP>(d, p, blk, g_in, dx_out, x_in,
-                                                                angles.ca, staged, tdw, chunk);
-        default:  // 1: never in lane-pair order
-          if constexpr (!LP) {
-            return norm_backward_block_held<IO, PIn, POut, 1>(d, p, blk, g_in, dx_out, x_in,
-                                                              angles.ca, staged, tdw, chunk);
-          }
-      }
-    };
-#ifdef TILEROPE_LANE_PAIRS
-    if constexpr (takes_lane_pairs<IO, PIn, POut>()) {
-      if (held != 1) {  // the token's angles and the block's weights in lane-pair order
-        float* ordered = rows + 4 * half;  // [4 r/2] angles, [2 r/2] weights
-        const token_angles la = lane_pair_angles(d, a, half, ordered);
-        lane_pair_ordered(d, blk.weight_a, half, ordered + 4 * half);
-        lane_pair_ordered(d, blk.weight_b, half, ordered + 5 * half);
-        return held_rows(std::true_type{}, weighted_angles(d, la, ordered + 4 * half,
-                                                           ordered + 5 * half, half, rows));
-      }
-    }
-#endif
-    return held_rows(std::false_type{},
-                     weighted_angles(d, a, blk.weight_a, blk.weight_b, half, rows));
-  }
   // rows of whole vectors of pairs where no row is held (AVX-512 keeps its staged path for
   // rows of 3, 5 to 7, or more than 8 vectors of pairs)
   if (lanes < 16 && rotary == D && half % lanes == 0) {
@@ -3189,10 +3262,27 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   const auto need = static_cast<std::size_t>((2 * norm_group + 5) * p.head_dim);
   float* rows = line_aligned(scratch, need);
   std::fill(rows, rows + need, 0.0f);
+  float* token_scratch = thread_scratch(p);
+  const int held = norm_backward_held_vectors(p, static_cast<std::int64_t>(hn::Lanes(d)));
+  if (held != 0 && !gathers_angles_in_runs(p)) {  // a block's rows of a run of tokens at a time
+    for (std::int64_t t0 = first; t0 < last; t0 += block_run) {
+      const std::int64_t t1 = std::min(last, t0 + block_run);
+      for (int k = 0; k < p.num_blocks; ++k) {
+        norm_backward_held<IO, PIn, POut>(d, p, p.blocks[k], held, t0, t1, nullptr, token_scratch,
+                                          rows, chunk);
+      }
+    }
+    return;
+  }
   for_each_block_in_runs<T>(
-      p, first, last, thread_scratch(p),
+      p, first, last, token_scratch,
       [&](std::int64_t b, std::int64_t s, const token_angles& a, const head_block& blk,
           const T* g_in, T* dx_out) {
+        if (held != 0) {
+          const std::int64_t t = b * p.seq + s;
+          return norm_backward_held<IO, PIn, POut>(d, p, blk, held, t, t + 1, &a, token_scratch,
+                                                   rows, chunk);
+        }
         const T* x_in = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
         norm_backward_block<IO, PIn, POut>(d, p, blk, g_in, dx_out, x_in, a, rows, chunk);
       });
@@ -3251,7 +3341,7 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
     // qk-norm-rope-bwd, two alternations, one / two threads: f16 out of place Qwen3-8B 0.56 /
     // 0.54 of the ceiling to 0.71 / 0.67, gemma3-4b 0.51 / 0.49 to 0.61 / 0.56; with SSE4 (f16
     // converted in software) within 0.01. With AVX-512 f16 streams, measured on Intel: rows held
-    // (norm_backward_block_held, two alternations) 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one
+    // (norm_backward_run_held, two alternations) 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one
     // / two threads; rows staged in norm_backward_block's own loop (then head dim 256, gemma3-4b)
     // 0.51 / 0.48 to 0.69 / 0.66-0.69, and with the output at eight offsets mod 4 KiB (one thread,
     // 8 + 4 heads, T = 8192) 0.62-0.72 ns per element to 0.46-0.50.
