@@ -2857,14 +2857,31 @@ HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq
 #endif
 }
 
-// Backward of QK RMSNorm + RoPE for one block of one token whose rows are whole vectors of
-// pairs, every dim rotated, where a row does not fit in the registers (16 vector registers, or
-// r/2 over 4 vectors). In groups of four heads, a row takes two passes:
+// The angles the backward's sums take for token (b, s) (`given`, else angles_for's): with
+// Weighted the block's weights wa, wb folded in, with Blocks in block order, into `ordered`
+// (4 r/2) where either; out of line, one copy for every kernel of rows summed ahead.
+template <bool Blocks, bool Weighted>
+HWY_NOINLINE token_angles ahead_token_angles(df32 d, const rope_plan& p, std::int64_t b,
+                                             std::int64_t s, const token_angles* given,
+                                             float* token_scratch, const float* wa, const float* wb,
+                                             float* ordered) {
+  const std::int64_t half = p.rotary_dim / 2;
+  token_angles a = given != nullptr ? *given : angles_for(p, b, s, token_scratch);
+  if constexpr (Weighted) a = weighted_angles(d, a, wa, wb, half, ordered);
+#if TILEROPE_BF16_BLOCKS
+  if constexpr (Blocks) a = block_ordered(d, a, half, ordered);  // Weighted: in place
+#endif
+  return a;
+}
+
+// Backward of QK RMSNorm + RoPE for one block of a run of tokens [first, last) whose rows are
+// whole vectors of pairs, every dim rotated, where a row does not fit in the registers (16 vector
+// registers, or r/2 over 4 vectors). In groups of four heads, a row takes two passes:
 //     sums:  dh = rope_backward(g) (staged in fp32, in pair order), x.x, (w dh).x
 //     apply: dx = r w dh - coef x (x read again, from cache),  dw += r dh x (in pair order)
 // and the sums of the next group's row go in the same loop as each row's apply, so that the
-// loads from memory overlap the arithmetic of the row before (the first group's sums go alone).
-// The two accumulators each, and one vector square root and division per group, replace the
+// loads from memory overlap the arithmetic of the row before (the run's first group's sums go
+// alone). The two accumulators each, and one vector square root and division per group, replace the
 // staged path's single accumulators, whose latency bound its loop. With AVX2, one thread,
 // 32 + 8 heads of 128, in place, ns per element: in L2 (T = 8) f32 0.52 to 0.35, f16 0.50 to
 // 0.34; in memory (T = 8192) f32 0.69 to 0.60, bf16 0.65 to 0.52, f16 0.50 to 0.38 (out of
@@ -2872,8 +2889,8 @@ HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq
 // f32 in memory: the sums alone 0.49 (two streams read at 16 GB/s) and the apply alone 0.55.
 // Blocks (bf16 halves with AVX2 and SSE4): 2n pairs a step, a vector of bf16 at a time in block
 // order (widen_bf16_blocks, narrow_bf16_blocks: one NaN test and the u16 rounding for two
-// vectors), the angles and weights put in block order once per block and the dw terms put
-// back at its end; bf16 in memory 0.53 to 0.47, in L2 0.49-0.62 to 0.43-0.48.
+// vectors), the angles put in block order once per token, the weights once per run, and the
+// dw terms put back at the run's end; bf16 in memory 0.53 to 0.47, in L2 0.49-0.62 to 0.43-0.48.
 // Weighted (the block's weights fold: blk.inverse_weight), as the held rows: the rotation takes
 // the weights folded into the angles (weighted_angles), so it gives q = w dh, the dot is one FMA
 // a vector, the apply takes r q once (dx = r q - coef x, dw' += (r q) x) and the block's dw' is
@@ -2885,13 +2902,26 @@ HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq
 // 0.526-0.527 to 0.512-0.516. bench --only qk-norm-rope-bwd there, five alternations, one / two
 // threads: in place bf16 0.546 / 0.524 to 0.578 / 0.541, f16 0.611 / 0.598 to 0.656 / 0.612, f32
 // 0.732 / 0.721 to 0.767 / 0.751; out of place within 0.01.
+// The rows are those of a run of tokens, as for the held rows (norm_backward_run_held): the
+// groups of four are the run's rows four at a time, across its tokens, a token's angles found
+// as the sums reach its first row (ahead_token_angles), and the dw terms go into fp64 once a
+// run. Taken a token at a time, each block's first group was summed alone and its last applied
+// alone: half the rows of Qwen3-8B's k block (8 heads), all of gemma3-4b's k block (4 heads).
+// Intel with AVX2, one thread, in place, T = 8192, min ns per element of two alternations:
+// gemma3-4b (8 + 4 heads of 256) bf16 0.474-0.504 to 0.461-0.464, f16 0.435-0.447 to
+// 0.374-0.381, f32 0.747-0.754 to 0.663-0.687; Qwen3-8B bf16 0.444-0.449 to 0.422-0.434, f16
+// 0.371-0.373 to 0.344-0.347, f32 0.597-0.605 to 0.580-0.598. bench --only qk-norm-rope-bwd
+// there, three alternations, medians, one / two threads: Qwen3-8B in place bf16 0.621 / 0.611
+// to 0.656 / 0.665 of the ceiling, f16 0.738 / 0.722 to 0.788 / 0.789, f32 0.834 / 0.825 to
+// 0.872 / 0.888; out of place bf16 0.592 / 0.597 to 0.665 / 0.667, f16 0.682 / 0.662 to 0.736 /
+// 0.738, f32 0.801 / 0.789 to 0.847 / 0.859; gemma3-4b 0.06 to 0.12 higher in every row.
 template <class IO, pairs PIn, pairs POut, bool Full, bool Blocks = false, bool Weighted = false>
-HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
-                                            const typename IO::storage* g_in,
-                                            typename IO::storage* dx_out,
-                                            const typename IO::storage* x_in, const token_angles& a,
-                                            float* rows, int chunk) {
+HWY_NOINLINE void norm_backward_run_ahead(df32 d, const rope_plan& p, const head_block& blk,
+                                          std::int64_t first, std::int64_t last,
+                                          const token_angles* given, float* token_scratch,
+                                          float* rows, int chunk) {
   static_assert(!Weighted || Full);  // the folded angles are four rows
+  using T = typename IO::storage;
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim, heads = blk.heads;
   constexpr std::int64_t group = norm_group;
@@ -2901,21 +2931,41 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
   // pointers held in registers (the vector stores may alias the structs that hold them); with
   // Blocks the angles and weights in block order, after tdw_out
   const float *wa = blk.weight_a, *wb = blk.weight_b;
-  token_angles angles{a.ca, a.sa, a.cb, a.sb, Full};
+  token_angles angles;           // of the token whose rows are summed
   float* ordered = tdw_out + D;  // [4 r/2] angles (Weighted: w cos, w sin), [2 r/2] weights
-  if constexpr (Weighted) angles = weighted_angles(d, a, wa, wb, half, ordered);
 #if TILEROPE_BF16_BLOCKS
-  if constexpr (Blocks) {
-    angles = block_ordered(d, angles, half, ordered);  // Weighted: in place
-    if constexpr (!Weighted) {
-      const token_angles w = block_ordered(d, token_angles{wa, wb, wa, wb}, half, ordered + 2 * D);
-      wa = w.ca;
-      wb = w.sa;
-    }
+  if constexpr (Blocks && !Weighted) {
+    const token_angles w = block_ordered(d, token_angles{wa, wb, wa, wb}, half, ordered + 2 * D);
+    wa = w.ca;
+    wb = w.sa;
   }
 #endif
-  // dh of head h in rows[(h mod 2 group) D, ...): this group's and the next one's
-  auto dh_of = [&](std::int64_t h) { return rows + h % (2 * group) * D; };
+  // The rows in the order the sums reach them: head sh of token st, from the token's first
+  // rows g_row, x_row and dx_row; the token's angles are found as its first row is.
+  std::int64_t st = first, sh = 0;
+  const T *g_row = nullptr, *x_row = nullptr;
+  T* dx_row = nullptr;
+  // of the rows in flight (this group's and the next one's), by slot (row number mod 2 group)
+  const T* g_of[2 * group];
+  const T* x_of[2 * group];
+  T* dx_of[2 * group];
+  // the next row the sums reach, into `slot`
+  auto next_row = [&](std::int64_t slot) TILEROPE_INLINE_LAMBDA {
+    if (sh == 0) {
+      const std::int64_t b = st / p.seq, s = st % p.seq;
+      g_row = static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s;
+      x_row = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
+      dx_row = static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s;
+      angles = ahead_token_angles<Blocks, Weighted>(d, p, b, s, given, token_scratch, blk.weight_a,
+                                                    blk.weight_b, ordered);
+    }
+    g_of[slot] = g_row + sh * blk.in_h;
+    x_of[slot] = x_row + sh * blk.x_h;
+    dx_of[slot] = dx_row + sh * blk.out_h;
+    if (++sh == blk.heads) sh = 0, ++st;
+  };
+  // dh of the row in `slot` in rows[slot D, ...)
+  auto dh_of = [&](std::int64_t slot) { return rows + slot * D; };
   vf32 sq_of[group], dot_of[group];               // the sums' vectors of the group ahead
   alignas(16) float r_of[group], coef_of[group];  // r and coef of the group applied
   struct sums {                                   // one row's sums as they go
@@ -2965,25 +3015,25 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
                      widen_bf16_blocks(d, hn::LoadU(d16, x + half + i), b0, b1);
                    };
 #endif
-  auto sum_step = [&](const typename IO::storage* g, const typename IO::storage* x, float* dh,
-                      std::int64_t i, sums& s) TILEROPE_INLINE_LAMBDA {
+  auto sum_step = [&](const T* g, const T* x, float* dh, std::int64_t i, sums& s)
+                      TILEROPE_INLINE_LAMBDA {
 #if TILEROPE_BF16_BLOCKS
-    if constexpr (Blocks) {
-      vf32 ga0, ga1, gb0, gb1, xa0, xa1, xb0, xb1;
-      widen(g, i, ga0, ga1, gb0, gb1);
-      widen(x, i, xa0, xa1, xb0, xb1);
-      sum_vectors(ga0, gb0, xa0, xb0, dh, i, s);
-      sum_vectors(ga1, gb1, xa1, xb1, dh, i + n, s);
-      return;
-    }
+                        if constexpr (Blocks) {
+                          vf32 ga0, ga1, gb0, gb1, xa0, xa1, xb0, xb1;
+                          widen(g, i, ga0, ga1, gb0, gb1);
+                          widen(x, i, xa0, xa1, xb0, xb1);
+                          sum_vectors(ga0, gb0, xa0, xb0, dh, i, s);
+                          sum_vectors(ga1, gb1, xa1, xb1, dh, i + n, s);
+                          return;
+                        }
 #endif
-    vf32 ga, gb, xa, xb;
-    load_pair<IO, PIn>(d, g, i, half, ga, gb);
-    load_pair<IO, POut>(d, x, i, half, xa, xb);
-    sum_vectors(ga, gb, xa, xb, dh, i, s);
-  };
-  auto apply_step = [&](const typename IO::storage* x, typename IO::storage* dx, const float* dh,
-                        vf32 rv, vf32 cv, std::int64_t i) TILEROPE_INLINE_LAMBDA {
+                        vf32 ga, gb, xa, xb;
+                        load_pair<IO, PIn>(d, g, i, half, ga, gb);
+                        load_pair<IO, POut>(d, x, i, half, xa, xb);
+                        sum_vectors(ga, gb, xa, xb, dh, i, s);
+                      };
+  auto apply_step = [&](const T* x, T* dx, const float* dh, vf32 rv, vf32 cv,
+                        std::int64_t i) TILEROPE_INLINE_LAMBDA {
 #if TILEROPE_BF16_BLOCKS
     if constexpr (Blocks) {
       vf32 xa0, xa1, xb0, xb1, ya0, ya1, yb0, yb1;
@@ -3011,59 +3061,63 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
     store_pair<IO, POut>(d, ya, yb, dx, i, half);
   };
   const std::int64_t step = Blocks ? 2 * n : n;
-  auto row_in = [&](std::int64_t h) { return g_in + h * blk.in_h; };
-  auto row_x = [&](std::int64_t h) { return x_in + h * blk.x_h; };
+  const std::int64_t rows_n = (last - first) * heads;
   // the first group's sums
   for (std::int64_t k = 0; k < group; ++k) {
     sums s{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
-    if (k < heads) {
-      for (std::int64_t i = 0; i < half; i += step) sum_step(row_in(k), row_x(k), dh_of(k), i, s);
+    if (k < rows_n) {
+      next_row(k);
+      for (std::int64_t i = 0; i < half; i += step) sum_step(g_of[k], x_of[k], dh_of(k), i, s);
     }
     sq_of[k] = hn::Add(s.sqa, s.sqb);
     dot_of[k] = hn::Add(s.dota, s.dotb);
   }
-  for (std::int64_t h0 = 0; h0 < heads; h0 += group) {
+  for (std::int64_t m0 = 0; m0 < rows_n; m0 += group) {
     inverse_rms_and_coef4(d, p, sq_of, dot_of, r_of, coef_of);
+    const std::int64_t slot0 = m0 % (2 * group), slot0_ahead = (m0 + group) % (2 * group);
     for (std::int64_t k = 0; k < group; ++k) {
-      const std::int64_t h = h0 + k, ahead = h + group;
-      // Past the block's last rows too: there `ahead` plus the distance is the next token's
-      // rows (the same buffer's stream), whose first group's sums are taken alone. Asked only
-      // while ahead < heads, a block of 8 heads of 256 bytes (Qwen3-8B's k, bf16) prefetched
-      // none of its first four rows (AVX2 on Intel, bench --only qk-norm-rope-bwd, Qwen3-8B, two
-      // alternations, one / two threads, in place: bf16 0.62 / 0.58 to 0.67 / 0.63 of the
-      // ceiling, f16 0.67 / 0.64 to 0.75 / 0.70, f32 0.77 / 0.76 to 0.85 / 0.84; out of place
-      // bf16 0.61 / 0.60 to 0.63 / 0.62, f16 0.52 / 0.51 to 0.56 / 0.54, f32 0.75 / 0.74 to
-      // 0.82 / 0.81).
-      prefetch_row(row_in(ahead), D, p.prefetch_bytes);
-      prefetch_row(row_x(ahead), D, p.prefetch_bytes);
+      const std::int64_t m = m0 + k, slot = slot0 + k, slot_ahead = slot0_ahead + k;
       const vf32 rv = hn::Set(d, r_of[k]), cv = hn::Set(d, coef_of[k]);
       sums s{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
-      if (h < heads && ahead < heads) {
-        const auto *g = row_in(ahead), *xh = row_x(ahead), *x = row_x(h);
-        auto* dx = dx_out + h * blk.out_h;
-        float *dh_ahead = dh_of(ahead), *dh = dh_of(h);
+      if (m + group < rows_n) {
+        next_row(slot_ahead);
+        const T *g = g_of[slot_ahead], *xh = x_of[slot_ahead];
+        prefetch_row(g, D, p.prefetch_bytes);
+        prefetch_row(xh, D, p.prefetch_bytes);
+        const T* x = x_of[slot];
+        T* dx = dx_of[slot];
+        float *dh_ahead = dh_of(slot_ahead), *dh = dh_of(slot);
         for (std::int64_t i = 0; i < half; i += step) {
           sum_step(g, xh, dh_ahead, i, s);
           apply_step(x, dx, dh, rv, cv, i);
         }
-      } else if (h < heads) {
-        const auto* x = row_x(h);
-        auto* dx = dx_out + h * blk.out_h;
-        const float* dh = dh_of(h);
+      } else if (m < rows_n) {
+        // Past the run's last rows too: the rows a group on from this one in the same buffer,
+        // plus the distance. Asked only for rows summed, a block of 8 heads of 256 bytes
+        // (Qwen3-8B's k, bf16) taken a token at a time prefetched none of its first four rows
+        // (AVX2 on Intel, bench --only qk-norm-rope-bwd, Qwen3-8B, two alternations, one / two
+        // threads, in place: bf16 0.62 / 0.58 to 0.67 / 0.63 of the ceiling, f16 0.67 / 0.64
+        // to 0.75 / 0.70, f32 0.77 / 0.76 to 0.85 / 0.84; out of place bf16 0.61 / 0.60 to
+        // 0.63 / 0.62, f16 0.52 / 0.51 to 0.56 / 0.54, f32 0.75 / 0.74 to 0.82 / 0.81).
+        prefetch_row(g_of[slot] + group * blk.in_h, D, p.prefetch_bytes);
+        prefetch_row(x_of[slot] + group * blk.x_h, D, p.prefetch_bytes);
+        const T* x = x_of[slot];
+        T* dx = dx_of[slot];
+        const float* dh = dh_of(slot);
         for (std::int64_t i = 0; i < half; i += step) apply_step(x, dx, dh, rv, cv, i);
       }
       sq_of[k] = hn::Add(s.sqa, s.sqb);
       dot_of[k] = hn::Add(s.dota, s.dotb);
     }
   }
-  // the block's heads of this token, summed, in the weight's element order
+  // the run's rows, summed, in the weight's element order
 #if TILEROPE_BF16_BLOCKS
   if constexpr (Blocks) {  // block order is its own inverse
     for (std::int64_t i = 0; i < D; i += 2 * n) {
-      vf32 first, second;
-      to_block_order(d, hn::LoadU(d, tdw + i), hn::LoadU(d, tdw + i + n), first, second);
-      hn::StoreU(first, d, tdw + i);
-      hn::StoreU(second, d, tdw + i + n);
+      vf32 lo, hi;
+      to_block_order(d, hn::LoadU(d, tdw + i), hn::LoadU(d, tdw + i + n), lo, hi);
+      hn::StoreU(lo, d, tdw + i);
+      hn::StoreU(hi, d, tdw + i + n);
     }
   }
 #endif
@@ -3082,9 +3136,9 @@ HWY_NOINLINE void norm_backward_block_ahead(df32 d, const rope_plan& p, const he
 // are summed in fp32 over the heads of one token, then added into the fp64 accumulator.
 // `rows` holds dh and x in fp32 for each head of a group, then the token's weight-gradient
 // terms. Rows of whole vectors of pairs with every dim rotated take the held path (32 vector
-// registers, r/2 of 1, 2, 4 or 8 vectors: norm_backward_held, called by the tokens loop) or,
-// with fewer registers, norm_backward_block_ahead; the rest (partial rotary, r/2 not a multiple
-// of the lanes, AVX-512 rows of other numbers of vectors) come here.
+// registers, r/2 of 1, 2, 4 or 8 vectors: norm_backward_held) or, with fewer registers,
+// norm_backward_ahead, both called by the tokens loop; the rest (partial rotary, r/2 not a
+// multiple of the lanes, AVX-512 rows of other numbers of vectors) come here.
 
 // How many whole vectors of pairs a backward row held in registers has (norm_backward_run_held:
 // 32 vector registers, every dim rotated, every block's weights folded into the angles), else 0.
@@ -3155,6 +3209,52 @@ HWY_INLINE void norm_backward_held(df32 d, const rope_plan& p, const head_block&
   return run(std::false_type{});
 }
 
+// Whether the backward's rows are summed ahead (norm_backward_run_ahead): whole vectors of
+// pairs, every dim rotated, and no row held (fewer than 16 lanes; AVX-512 keeps the staged
+// path for rows of 3, 5 to 7, or more than 8 vectors of pairs).
+inline bool norm_backward_sums_ahead(const rope_plan& p, std::int64_t lanes) {
+  return lanes < 16 && p.rotary_dim == p.head_dim && p.rotary_dim / 2 % lanes == 0;
+}
+
+// The backward's rows of tokens [first, last) of one block through norm_backward_run_ahead.
+// `given`: the angles of a run of one token, else null (each token's are found, and none is a
+// full-width row unless the block's weights fold: see qk_norm_backward_tokens_loop).
+template <class IO, pairs PIn, pairs POut>
+HWY_INLINE void norm_backward_ahead(df32 d, const rope_plan& p, const head_block& blk,
+                                    std::int64_t first, std::int64_t last,
+                                    const token_angles* given, float* token_scratch, float* rows,
+                                    int chunk) {
+  const bool folds = blk.inverse_weight != nullptr, full = given != nullptr && given->full;
+#if TILEROPE_BF16_BLOCKS
+  if constexpr (std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::halves &&
+                POut == pairs::halves) {
+    const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+    if (p.rotary_dim / 2 % (2 * lanes) == 0) {  // bf16 halves a vector of bf16 at a time
+      if (folds) {
+        return norm_backward_run_ahead<IO, PIn, POut, true, true, true>(
+            d, p, blk, first, last, given, token_scratch, rows, chunk);
+      }
+      if (full) {
+        return norm_backward_run_ahead<IO, PIn, POut, true, true>(d, p, blk, first, last, given,
+                                                                  token_scratch, rows, chunk);
+      }
+      return norm_backward_run_ahead<IO, PIn, POut, false, true>(d, p, blk, first, last, given,
+                                                                 token_scratch, rows, chunk);
+    }
+  }
+#endif
+  if (folds) {
+    return norm_backward_run_ahead<IO, PIn, POut, true, false, true>(d, p, blk, first, last, given,
+                                                                     token_scratch, rows, chunk);
+  }
+  if (full) {
+    return norm_backward_run_ahead<IO, PIn, POut, true>(d, p, blk, first, last, given,
+                                                        token_scratch, rows, chunk);
+  }
+  return norm_backward_run_ahead<IO, PIn, POut, false>(d, p, blk, first, last, given, token_scratch,
+                                                       rows, chunk);
+}
+
 template <class IO, pairs PIn, pairs POut>
 HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block& blk,
                                     const typename IO::storage* g_in, typename IO::storage* dx_out,
@@ -3165,37 +3265,6 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
   const std::int64_t half = p.rotary_dim / 2, rotary = p.rotary_dim, D = p.head_dim;
   constexpr std::int64_t group = norm_group;
   float* tdw = rows + 2 * group * D;
-  // rows of whole vectors of pairs where no row is held (AVX-512 keeps its staged path for
-  // rows of 3, 5 to 7, or more than 8 vectors of pairs)
-  if (lanes < 16 && rotary == D && half % lanes == 0) {
-#if TILEROPE_BF16_BLOCKS
-    if constexpr (std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::halves &&
-                  POut == pairs::halves) {
-      if (half % (2 * lanes) == 0) {  // bf16 halves a vector of bf16 at a time, in block order
-        if (blk.inverse_weight != nullptr) {
-          return norm_backward_block_ahead<IO, PIn, POut, true, true, true>(d, p, blk, g_in, dx_out,
-                                                                            x_in, a, rows, chunk);
-        }
-        if (a.full) {
-          return norm_backward_block_ahead<IO, PIn, POut, true, true>(d, p, blk, g_in, dx_out, x_in,
-                                                                      a, rows, chunk);
-        }
-        return norm_backward_block_ahead<IO, PIn, POut, false, true>(d, p, blk, g_in, dx_out, x_in,
-                                                                     a, rows, chunk);
-      }
-    }
-#endif
-    if (blk.inverse_weight != nullptr) {
-      return norm_backward_block_ahead<IO, PIn, POut, true, false, true>(d, p, blk, g_in, dx_out,
-                                                                         x_in, a, rows, chunk);
-    }
-    if (a.full) {
-      return norm_backward_block_ahead<IO, PIn, POut, true>(d, p, blk, g_in, dx_out, x_in, a, rows,
-                                                            chunk);
-    }
-    return norm_backward_block_ahead<IO, PIn, POut, false>(d, p, blk, g_in, dx_out, x_in, a, rows,
-                                                           chunk);
-  }
   float r_of[group], coef_of[group];
   const float inv_d = 1.0f / static_cast<float>(D);
   const std::int64_t vec_end = D / lanes * lanes;
@@ -3263,13 +3332,28 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   float* rows = line_aligned(scratch, need);
   std::fill(rows, rows + need, 0.0f);
   float* token_scratch = thread_scratch(p);
-  const int held = norm_backward_held_vectors(p, static_cast<std::int64_t>(hn::Lanes(d)));
-  if (held != 0 && !gathers_angles_in_runs(p)) {  // a block's rows of a run of tokens at a time
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  const int held = norm_backward_held_vectors(p, lanes);
+  const bool ahead = norm_backward_sums_ahead(p, lanes);
+  // A block's rows of a run of tokens at a time, unless the angles are gathered in runs of
+  // their own (MRoPE from a table) or, for rows summed ahead whose weights do not fold, a
+  // token's angles may be full-width rows (their kernel is chosen per token).
+  bool every_weight_folds = true;
+  for (int k = 0; k < p.num_blocks; ++k)
+    every_weight_folds &= p.blocks[k].inverse_weight != nullptr;
+  const bool may_be_full = p.rows_cos != nullptr && p.rows_width != p.rotary_dim / 2;
+  if ((held != 0 || (ahead && (every_weight_folds || !may_be_full))) &&
+      !gathers_angles_in_runs(p)) {
     for (std::int64_t t0 = first; t0 < last; t0 += block_run) {
       const std::int64_t t1 = std::min(last, t0 + block_run);
       for (int k = 0; k < p.num_blocks; ++k) {
-        norm_backward_held<IO, PIn, POut>(d, p, p.blocks[k], held, t0, t1, nullptr, token_scratch,
-                                          rows, chunk);
+        if (held != 0) {
+          norm_backward_held<IO, PIn, POut>(d, p, p.blocks[k], held, t0, t1, nullptr, token_scratch,
+                                            rows, chunk);
+        } else {
+          norm_backward_ahead<IO, PIn, POut>(d, p, p.blocks[k], t0, t1, nullptr, token_scratch,
+                                             rows, chunk);
+        }
       }
     }
     return;
@@ -3278,10 +3362,14 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
       p, first, last, token_scratch,
       [&](std::int64_t b, std::int64_t s, const token_angles& a, const head_block& blk,
           const T* g_in, T* dx_out) {
+        const std::int64_t t = b * p.seq + s;
         if (held != 0) {
-          const std::int64_t t = b * p.seq + s;
           return norm_backward_held<IO, PIn, POut>(d, p, blk, held, t, t + 1, &a, token_scratch,
                                                    rows, chunk);
+        }
+        if (ahead) {
+          return norm_backward_ahead<IO, PIn, POut>(d, p, blk, t, t + 1, &a, token_scratch, rows,
+                                                    chunk);
         }
         const T* x_in = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
         norm_backward_block<IO, PIn, POut>(d, p, blk, g_in, dx_out, x_in, a, rows, chunk);
@@ -3334,7 +3422,7 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
   if (p.qk_norm && p.backward) {
     // f16 without AVX-512 streams where the plan says (rope_plan::streams_f16_norm_backward: on
     // Intel) and stores normally elsewhere: on the AVX2 class (AMD EPYC), streamed, its backward
-    // (norm_backward_block_ahead) measured 2.5 to 3 times slower with the scratch rows at some
+    // (norm_backward_run_ahead) measured 2.5 to 3 times slower with the scratch rows at some
     // offsets (mod 4 KiB) from the output, and no faster at the others (bench --only
     // qk-norm-rope-bwd, f16 out of place, one thread: 60-71 or 22-35 ms streamed, 21-25 ms
     // stored normally); f32 and bf16 streamed did not move. Intel with AVX2, bench --only
