@@ -1016,6 +1016,85 @@ TEST(Kernels, QkNormRowsGiveTheSameBitsOneBlockAtATime) {
   }
 }
 
+// QK RMSNorm + RoPE's backward takes a block's rows of a run of tokens at a time, its sums
+// running on across the tokens: dx is the same, bit for bit, as from calls of one token each,
+// and the weight gradients agree to fp32 summation order. 37 tokens: two runs of 16 and a
+// last one cut short.
+TEST(Kernels, QkNormBackwardGivesTheSameBitsOneTokenAtATime) {
+  const std::int64_t T = 37;
+  std::mt19937 rng(79);
+  std::normal_distribution<double> normal;
+  for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+    for (std::int64_t D : {64, 128, 256}) {
+      for (auto [hq, hk] :
+           std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {3, 2}, {8, 4}, {9, 1}}) {
+        tensor q(type, {T, hq, D}), k(type, {T, hk, D}), gq(type, {T, hq, D}), gk(type, {T, hk, D}),
+            dq(type, {T, hq, D}), dk(type, {T, hk, D});
+        tensor qw(dtype::f32, {D}), kw(dtype::f32, {D});
+        for (tensor* t : {&q, &k, &gq, &gk})
+          for (std::int64_t i = 0; i < t->numel(); ++i)
+            store_from_f64(t->data(), type, i, normal(rng));
+        for (tensor* t : {&qw, &kw})
+          for (std::int64_t j = 0; j < D; ++j)
+            store_from_f64(t->data(), dtype::f32, j, 1 + normal(rng) / 4);
+        qk_norm norm;
+        norm.q_weight = qw.view();
+        norm.k_weight = kw.view();
+        const auto angles = rope_angles::from_theta(1e6);
+        std::vector<float> dqw(D), dkw(D);
+        qk_norm_rope_grad_tensors whole;
+        whole.q = q.view();
+        whole.k = k.view();
+        whole.dq_out = gq.view();
+        whole.dk_out = gk.view();
+        whole.dq = dq.view();
+        whole.dk = dk.view();
+        whole.dq_weight = tensor_view::contiguous(dqw.data(), dtype::f32, {D});
+        whole.dk_weight = tensor_view::contiguous(dkw.data(), dtype::f32, {D});
+        qk_norm_rope_backward(rope_style::neox, whole, rope_positions::from_offset(0), angles,
+                              norm);
+        int differing = 0;
+        std::vector<double> dqw_sum(D, 0.0), dkw_sum(D, 0.0);
+        for (std::int64_t t = 0; t < T; ++t) {
+          auto row = [&](tensor& x, std::int64_t heads) {
+            const std::size_t bytes = static_cast<std::size_t>(heads * D) * size_of(type);
+            return tensor_view::contiguous(static_cast<unsigned char*>(x.data()) + t * bytes, type,
+                                           {1, heads, D});
+          };
+          const std::size_t q_bytes = static_cast<std::size_t>(hq * D) * size_of(type);
+          const std::size_t k_bytes = static_cast<std::size_t>(hk * D) * size_of(type);
+          std::vector<unsigned char> dq_alone(q_bytes), dk_alone(k_bytes);
+          std::vector<float> dqw_alone(D), dkw_alone(D);
+          qk_norm_rope_grad_tensors one;
+          one.q = row(q, hq);
+          one.k = row(k, hk);
+          one.dq_out = row(gq, hq);
+          one.dk_out = row(gk, hk);
+          one.dq = tensor_view::contiguous(dq_alone.data(), type, {1, hq, D});
+          one.dk = tensor_view::contiguous(dk_alone.data(), type, {1, hk, D});
+          one.dq_weight = tensor_view::contiguous(dqw_alone.data(), dtype::f32, {D});
+          one.dk_weight = tensor_view::contiguous(dkw_alone.data(), dtype::f32, {D});
+          qk_norm_rope_backward(rope_style::neox, one, rope_positions::from_offset(t), angles,
+                                norm);
+          differing += std::memcmp(dq_alone.data(), row(dq, hq).data, q_bytes) != 0;
+          differing += std::memcmp(dk_alone.data(), row(dk, hk).data, k_bytes) != 0;
+          for (std::int64_t j = 0; j < D; ++j) {
+            dqw_sum[j] += dqw_alone[j];
+            dkw_sum[j] += dkw_alone[j];
+          }
+        }
+        const std::string what = std::string(to_string(type)) + " D " + std::to_string(D) + " " +
+                                 std::to_string(hq) + " + " + std::to_string(hk) + " heads";
+        EXPECT_EQ(differing, 0) << what;
+        for (std::int64_t j = 0; j < D; ++j) {
+          EXPECT_NEAR(dqw[j], dqw_sum[j], 1e-5 * (1 + std::fabs(dqw_sum[j]))) << what << " " << j;
+          EXPECT_NEAR(dkw[j], dkw_sum[j], 1e-5 * (1 + std::fabs(dkw_sum[j]))) << what << " " << j;
+        }
+      }
+    }
+  }
+}
+
 // QK RMSNorm + RoPE of heads wider than the sweep's: head dims 320 and 512, whose fp32
 // weights (with gptj's pairs taken apart) no longer fit the call's own storage, forward and
 // backward, in place and out of place.
