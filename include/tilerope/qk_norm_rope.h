@@ -63,9 +63,9 @@ struct qk_norm_rope_grad_tensors {
 };
 
 /// Gradients of qk_norm_rope_apply (fp32_once) w.r.t. x and the weights, in fp32 (weight
-/// gradients summed in fp32 over the heads of a token, or of a run of up to 16 tokens where the
-/// rows are held in AVX-512 registers, then in fp64; docs/api.md). With g = dL/dy, r =
-/// (mean(x^2) + eps)^-1/2 and dh = rope_backward(g):
+/// gradients summed in fp32 over the heads of a token or of a run of up to 16 tokens, as
+/// docs/api.md says, then in fp64). With g = dL/dy, r = (mean(x^2) + eps)^-1/2 and
+/// dh = rope_backward(g):
 ///
 ///     dx_j = r w_j dh_j - x_j r^3 / D * sum_k(w_k dh_k x_k)
 ///     dw_j = sum over tokens and heads of dh_j x_j r
