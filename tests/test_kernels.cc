@@ -37,6 +37,23 @@ std::string describe(const rope_case& c, const cli::case_result& r) {
          cli::shape_of(c) + " max_abs " + std::to_string(r.max_abs_err) + " " + r.problem;
 }
 
+// Every element of the tensors drawn from N(0, 1), rounded to its dtype; RMSNorm weights (f32)
+// drawn around 1: 1 + N(0, 1/16).
+void fill_normal(std::initializer_list<tensor*> tensors, std::mt19937& rng) {
+  std::normal_distribution<double> normal;
+  for (tensor* t : tensors) {
+    for (std::int64_t i = 0; i < t->numel(); ++i)
+      store_from_f64(t->data(), t->type(), i, normal(rng));
+  }
+}
+void fill_weights(std::initializer_list<tensor*> weights, std::mt19937& rng) {
+  std::normal_distribution<double> normal;
+  for (tensor* w : weights) {
+    for (std::int64_t j = 0; j < w->numel(); ++j)
+      store_from_f64(w->data(), dtype::f32, j, 1 + normal(rng) / 4);
+  }
+}
+
 TEST(Kernels, RunOnTheForcedTarget) {
   const char* forced = std::getenv("TILEROPE_CPU_TARGET");
   if (forced && *forced && std::string(forced) != "best") EXPECT_EQ(cpu_target(), forced);
@@ -963,7 +980,6 @@ TEST(Kernels, QkNormSameRowInEveryHeadGivesSameBits) {
 TEST(Kernels, QkNormRowsGiveTheSameBitsOneBlockAtATime) {
   const std::int64_t T = 6, D = 128;
   std::mt19937 rng(73);
-  std::normal_distribution<double> normal;
   for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
     for (auto [hq, hk] : std::vector<std::pair<std::int64_t, std::int64_t>>{
              {1, 1}, {3, 2}, {4, 4}, {5, 3}, {8, 4}, {9, 1}, {32, 8}, {6, 0}, {4, 0}}) {
@@ -971,12 +987,8 @@ TEST(Kernels, QkNormRowsGiveTheSameBitsOneBlockAtATime) {
       tensor q(type, {T, hq, D}), k(type, {T, k_rows, D}), qo(type, {T, hq, D}),
           ko(type, {T, k_rows, D});
       tensor qw(dtype::f32, {D}), kw(dtype::f32, {D});
-      for (tensor* t : {&q, &k})
-        for (std::int64_t i = 0; i < t->numel(); ++i)
-          store_from_f64(t->data(), type, i, normal(rng));
-      for (tensor* t : {&qw, &kw})
-        for (std::int64_t j = 0; j < D; ++j)
-          store_from_f64(t->data(), dtype::f32, j, 1 + normal(rng) / 4);
+      fill_normal({&q, &k}, rng);
+      fill_weights({&qw, &kw}, rng);
       qk_norm norm;
       norm.q_weight = qw.view();
       rope_tensors all;
@@ -1023,7 +1035,6 @@ TEST(Kernels, QkNormRowsGiveTheSameBitsOneBlockAtATime) {
 TEST(Kernels, QkNormBackwardGivesTheSameBitsOneTokenAtATime) {
   const std::int64_t T = 37;
   std::mt19937 rng(79);
-  std::normal_distribution<double> normal;
   for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
     for (std::int64_t D : {64, 128, 256}) {
       for (auto [hq, hk] :
@@ -1031,12 +1042,8 @@ TEST(Kernels, QkNormBackwardGivesTheSameBitsOneTokenAtATime) {
         tensor q(type, {T, hq, D}), k(type, {T, hk, D}), gq(type, {T, hq, D}), gk(type, {T, hk, D}),
             dq(type, {T, hq, D}), dk(type, {T, hk, D});
         tensor qw(dtype::f32, {D}), kw(dtype::f32, {D});
-        for (tensor* t : {&q, &k, &gq, &gk})
-          for (std::int64_t i = 0; i < t->numel(); ++i)
-            store_from_f64(t->data(), type, i, normal(rng));
-        for (tensor* t : {&qw, &kw})
-          for (std::int64_t j = 0; j < D; ++j)
-            store_from_f64(t->data(), dtype::f32, j, 1 + normal(rng) / 4);
+        fill_normal({&q, &k, &gq, &gk}, rng);
+        fill_weights({&qw, &kw}, rng);
         qk_norm norm;
         norm.q_weight = qw.view();
         norm.k_weight = kw.view();
