@@ -2640,6 +2640,36 @@ HWY_INLINE token_angles weighted_angles(df32 d, const token_angles& a, const flo
   return token_angles{rows, rows + half, rows + 2 * half, rows + 3 * half, true};
 }
 
+// A block's rows of tokens [first, last) in order, token by token, as the backward's kernels
+// over runs take them: next(on_token) gives the next row's g, x and dx, calling on_token(b, s)
+// first where the row is its token's first.
+template <class T>
+struct run_rows {
+  struct row {
+    const T* g;
+    const T* x;
+    T* dx;
+  };
+  const rope_plan& p;
+  const head_block& blk;
+  std::int64_t t, h = 0;  // the next row's token and head
+  const T *g = nullptr, *x = nullptr;
+  T* dx = nullptr;  // token t's first rows
+  template <class OnToken>
+  HWY_INLINE row next(OnToken&& on_token) {
+    if (h == 0) {
+      const std::int64_t b = t / p.seq, s = t % p.seq;
+      g = static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s;
+      x = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
+      dx = static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s;
+      on_token(b, s);
+    }
+    const row r{g + h * blk.in_h, x + h * blk.x_h, dx + h * blk.out_h};
+    if (++h == blk.heads) h = 0, ++t;
+    return r;
+  }
+};
+
 // Scratch of the backward's held rows (norm_backward_run_held), per thread.
 struct held_scratch {
   float* token;     // angles_for's scratch
@@ -2725,23 +2755,12 @@ HWY_NOINLINE void norm_backward_run_held(df32 d, const rope_plan& p, const head_
   // r/2 = NV n and D = r (constants where the lanes are: one pointer and fixed offsets reach
   // the four angle rows, the staged rows and a row's second half)
   const std::int64_t half = NV * n, D = 2 * half, heads = blk.heads;
-  const std::int64_t g_h = blk.in_h, x_h = blk.x_h, dx_h = blk.out_h;
   const float inv_d = 1.0f / static_cast<float>(D);
   const float* angles = sc.angles;
   // angle row k (w_a cos, w_a sin, w_b cos, w_b sin) at vector v
   auto angle = [&](int k, int v) { return in_register(hn::LoadU(d, angles + k * half + v * n)); };
-  // The rows in the order the sums reach them: head sh of token st, from the token's first
-  // rows g_row, x_row and dx_row; the token's weighted angles are found as its first row is.
-  std::int64_t st = first, sh = 0;
-  const T *g_row = nullptr, *x_row = nullptr;
-  T* dx_row = nullptr;
-  auto enter_token = [&](std::int64_t t) {
-    const std::int64_t b = t / p.seq, s = t % p.seq;
-    g_row = static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s;
-    x_row = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
-    dx_row = static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s;
-    weigh_token_angles<LanePairs>(d, p, b, s, given, sc);
-  };
+  // the rows in the order the sums reach them; a token's weighted angles found as its first is
+  run_rows<T> cursor{p, blk, first};
   // q and x of one step of a row (S vectors of pairs from vector v0)
   auto load_step = [&](const T* g, const T* x, int v0, vf32* qa, vf32* qb, vf32* xa, vf32* xb)
                        TILEROPE_INLINE_LAMBDA {
@@ -2762,11 +2781,12 @@ HWY_NOINLINE void norm_backward_run_held(df32 d, const rope_plan& p, const head_
   // q of the rows in flight, in fp32 (first elements, then second), by slot
   auto q_of = [&](int slot) { return sc.staged + slot * D; };
   auto sums = [&](int slot) TILEROPE_INLINE_LAMBDA {
-    if (sh == 0) enter_token(st);
-    const T *g = g_row + sh * g_h, *x = x_row + sh * x_h;
+    const auto row = cursor.next([&](std::int64_t b, std::int64_t s) {
+      weigh_token_angles<LanePairs>(d, p, b, s, given, sc);
+    });
+    const T *g = row.g, *x = row.x;
     x_of[slot] = x;
-    dx_of[slot] = dx_row + sh * dx_h;
-    if (++sh == heads) sh = 0, ++st;
+    dx_of[slot] = row.dx;
     float* q = q_of(slot);
     prefetch_row(g, D, p.prefetch_bytes);
     prefetch_row(x, D, p.prefetch_bytes);
@@ -2940,29 +2960,21 @@ HWY_NOINLINE void norm_backward_run_ahead(df32 d, const rope_plan& p, const head
     wb = w.sa;
   }
 #endif
-  // The rows in the order the sums reach them: head sh of token st, from the token's first
-  // rows g_row, x_row and dx_row; the token's angles are found as its first row is.
-  std::int64_t st = first, sh = 0;
-  const T *g_row = nullptr, *x_row = nullptr;
-  T* dx_row = nullptr;
+  // the rows in the order the sums reach them; a token's angles found as its first is
+  run_rows<T> cursor{p, blk, first};
   // of the rows in flight (this group's and the next one's), by slot (row number mod 2 group)
   const T* g_of[2 * group];
   const T* x_of[2 * group];
   T* dx_of[2 * group];
   // the next row the sums reach, into `slot`
   auto next_row = [&](std::int64_t slot) TILEROPE_INLINE_LAMBDA {
-    if (sh == 0) {
-      const std::int64_t b = st / p.seq, s = st % p.seq;
-      g_row = static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s;
-      x_row = static_cast<const T*>(blk.x) + b * blk.x_b + s * blk.x_s;
-      dx_row = static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s;
+    const auto row = cursor.next([&](std::int64_t b, std::int64_t s) {
       angles = ahead_token_angles<Blocks, Weighted>(d, p, b, s, given, token_scratch, blk.weight_a,
                                                     blk.weight_b, ordered);
-    }
-    g_of[slot] = g_row + sh * blk.in_h;
-    x_of[slot] = x_row + sh * blk.x_h;
-    dx_of[slot] = dx_row + sh * blk.out_h;
-    if (++sh == blk.heads) sh = 0, ++st;
+    });
+    g_of[slot] = row.g;
+    x_of[slot] = row.x;
+    dx_of[slot] = row.dx;
   };
   // dh of the row in `slot` in rows[slot D, ...)
   auto dh_of = [&](std::int64_t slot) { return rows + slot * D; };
@@ -3149,10 +3161,16 @@ HWY_NOINLINE void norm_backward_run_ahead(df32 d, const rope_plan& p, const head
 // memory (T = 8192, in place) bf16 0.315-0.347 to 0.277-0.330, f16 0.303-0.324 to 0.256-0.259,
 // f32 0.598-0.623 to 0.592-0.609; in cache (T = 16, out of place) bf16 0.308-0.328 to
 // 0.272-0.300, f16 0.291-0.295 to 0.238-0.241, f32 0.318-0.335 to 0.284-0.293.
-inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
+// Whether every block's weights fold into the angles (head_block::inverse_weight).
+inline bool every_weight_folds(const rope_plan& p) {
   for (int k = 0; k < p.num_blocks; ++k) {
-    if (p.blocks[k].inverse_weight == nullptr) return 0;
+    if (p.blocks[k].inverse_weight == nullptr) return false;
   }
+  return true;
+}
+
+inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
+  if (!every_weight_folds(p)) return 0;
   if (lanes < 16 || p.rotary_dim != p.head_dim) return 0;
   if (p.rotary_dim / 2 == 8 * lanes) return 8;
   return held_vectors(p.rotary_dim / 2, lanes);
@@ -3338,11 +3356,8 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   // A block's rows of a run of tokens at a time, unless the angles are gathered in runs of
   // their own (MRoPE from a table) or, for rows summed ahead whose weights do not fold, a
   // token's angles may be full-width rows (their kernel is chosen per token).
-  bool every_weight_folds = true;
-  for (int k = 0; k < p.num_blocks; ++k)
-    every_weight_folds &= p.blocks[k].inverse_weight != nullptr;
   const bool may_be_full = p.rows_cos != nullptr && p.rows_width != p.rotary_dim / 2;
-  if ((held != 0 || (ahead && (every_weight_folds || !may_be_full))) &&
+  if ((held != 0 || (ahead && (every_weight_folds(p) || !may_be_full))) &&
       !gathers_angles_in_runs(p)) {
     for (std::int64_t t0 = first; t0 < last; t0 += block_run) {
       const std::int64_t t1 = std::min(last, t0 + block_run);
