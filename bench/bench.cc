@@ -304,6 +304,7 @@ struct row {
   int threads = 1;
   std::optional<double> gbps, ceiling_gbps, fraction, ns_per_call, speedup, ratio_to_production,
       ns_per_element;
+  std::optional<std::int64_t> prefetch_bytes;  // the prefetch-distance rows: the distance timed
   double median_s = 0, min_s = 0;
 };
 
@@ -365,6 +366,8 @@ nlohmann::json to_json(const row& r) {
           {"ns_per_element", opt(r.ns_per_element)},
           {"speedup_vs_unfused", opt(r.speedup)},
           {"tile_time_ratio", opt(r.ratio_to_production)},
+          {"prefetch_bytes",
+           r.prefetch_bytes ? nlohmann::json(*r.prefetch_bytes) : nlohmann::json(nullptr)},
           {"median_s", r.median_s},
           {"min_s", r.min_s}};
 }
@@ -766,6 +769,9 @@ row bench_skeleton(int repeats) {
 
 }  // namespace
 
+// The rows of the prefetch-distance sweep are named "prefetch:KERNEL" (--only prefetch).
+constexpr const char* prefetch_sweep = "prefetch";
+
 int run_bench(const bench_options& o) {
   const int repeats = o.repeats ? o.repeats : (o.quick ? 10 : 20);
   const int all = std::max(1, omp_get_max_threads());
@@ -834,6 +840,28 @@ int run_bench(const bench_options& o) {
         for (int th : thread_counts) add(kind, s, t, inplace, th, inplace);
       }
     }
+  }
+  // the software prefetch distance (tilerope::set_prefetch_bytes): the bf16 rows whose arithmetic
+  // is long against their bytes, in place at Qwen3-8B, at 0 to 4096 bytes (the default is 2048 on
+  // Intel, none on AMD); each row names its distance, and the default is restored after
+  if (!o.quick &&
+      (o.only.empty() || std::string(prefetch_sweep).find(o.only) != std::string::npos)) {
+    const std::int64_t default_bytes = prefetch_bytes();
+    for (kernel_kind kind :
+         {kernel_kind::rope_neox, kernel_kind::qk_norm_rope, kernel_kind::qk_norm_rope_bwd}) {
+      for (int th : thread_counts) {
+        for (std::int64_t bytes : {0, 1024, 2048, 4096}) {
+          set_prefetch_bytes(bytes);
+          row r = measure(kind, qwen3, dtype::bf16, true, th, repeats, false, ceil);
+          r.kernel = std::string(prefetch_sweep) + ":" + r.kernel;
+          r.shape += " pf=" + std::to_string(bytes);
+          r.prefetch_bytes = bytes;
+          rows.push_back(r);
+          print(rows.back());
+        }
+      }
+    }
+    set_prefetch_bytes(default_bytes);
   }
   // decode: cache resident, ns per call on the calling thread (and with all threads allowed:
   // small problems stay on the caller)

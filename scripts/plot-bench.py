@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Plots `tilerope bench --json OUT.json`: for each prefill shape, every kernel's GB/s beside
-the ceiling measured in the same run (docs/bench/<shape>.png), and the decode and linearity
-rows (docs/bench/decode.png, docs/bench/linearity.png).
+the ceiling measured in the same run (docs/bench/<shape>.png), the decode, linearity and
+prefetch-distance rows (docs/bench/decode.png, docs/bench/linearity.png,
+docs/bench/prefetch.png).
 
     scripts/plot-bench.py bench.json [docs/bench]
     scripts/plot-bench.py --table bench.json      # the rows as a Markdown table, to stdout
@@ -48,7 +49,8 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     written = []
 
-    prefill = [r for r in rows if r["fraction"] is not None and not r["kernel"].endswith("-scale")]
+    prefill = [r for r in rows if r["fraction"] is not None and not r["kernel"].endswith("-scale")
+               and r.get("prefetch_bytes") is None]
     for shape in dict.fromkeys(r["shape"] for r in prefill):
         group = [r for r in prefill if r["shape"] == shape]
         kernels = list(dict.fromkeys(r["kernel"] for r in group))
@@ -116,6 +118,26 @@ def main():
         ax.set_title("rope-neox bf16 in place, 1 thread: cost per element")
         fig.tight_layout()
         path = os.path.join(out_dir, "linearity.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    sweep = [r for r in rows if r.get("prefetch_bytes") is not None]
+    if sweep:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for kernel in dict.fromkeys(r["kernel"] for r in sweep):
+            for threads in dict.fromkeys(r["threads"] for r in sweep):
+                sub = [r for r in sweep if r["kernel"] == kernel and r["threads"] == threads]
+                if sub:
+                    ax.plot([r["prefetch_bytes"] for r in sub], [r["fraction"] for r in sub],
+                            marker="o", label=f'{kernel.split(":", 1)[1]} {threads}t')
+        ax.set_xlabel("software prefetch distance (bytes)")
+        ax.set_ylabel("fraction of the ceiling (median)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("bf16 in place, Qwen3-8B: fraction by prefetch distance")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out_dir, "prefetch.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -31,7 +31,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--quick", o->quick, "The subset covering every target, under 2 minutes");
   cmd->add_option("--json", *json, "Write every row to this JSON file");
   cmd->add_option("--repeats", o->repeats, "Timed runs per row (default 10 quick, 20 full)");
-  cmd->add_option("--only", o->only, "Only the kernels whose name contains this (e.g. qk-norm)");
+  cmd->add_option("--only", o->only,
+                  "Only the kernels whose name contains this (e.g. qk-norm; prefetch: the "
+                  "prefetch-distance sweep)");
   cmd->callback([o, json] {
     if (!json->empty()) o->json = *json;
     tilerope::bench::run_bench(*o);
