@@ -841,18 +841,25 @@ int run_bench(const bench_options& o) {
       }
     }
   }
-  // the software prefetch distance (tilerope::set_prefetch_bytes): the bf16 rows whose arithmetic
-  // is long against their bytes, in place at Qwen3-8B, at 0 to 4096 bytes (the default is 2048 on
-  // Intel, none on AMD); each row names its distance, and the default is restored after
+  // the software prefetch distance (tilerope::set_prefetch_bytes) at 0 to 4096 bytes (the default
+  // is 2048 on Intel, none on AMD), in place at Qwen3-8B: rope-neox f32 and bf16, and the bf16
+  // rows whose arithmetic is longest against their bytes; each row names its distance, and the
+  // default is restored after
   if (!o.quick &&
       (o.only.empty() || std::string(prefetch_sweep).find(o.only) != std::string::npos)) {
     const std::int64_t default_bytes = prefetch_bytes();
-    for (kernel_kind kind :
-         {kernel_kind::rope_neox, kernel_kind::qk_norm_rope, kernel_kind::qk_norm_rope_bwd}) {
+    struct swept {
+      kernel_kind kind;
+      dtype type;
+    };
+    for (const auto& [kind, t] :
+         {swept{kernel_kind::rope_neox, dtype::f32}, swept{kernel_kind::rope_neox, dtype::bf16},
+          swept{kernel_kind::qk_norm_rope, dtype::bf16},
+          swept{kernel_kind::qk_norm_rope_bwd, dtype::bf16}}) {
       for (int th : thread_counts) {
         for (std::int64_t bytes : {0, 1024, 2048, 4096}) {
           set_prefetch_bytes(bytes);
-          row r = measure(kind, qwen3, dtype::bf16, true, th, repeats, false, ceil);
+          row r = measure(kind, qwen3, t, true, th, repeats, false, ceil);
           r.kernel = std::string(prefetch_sweep) + ":" + r.kernel;
           r.shape += " pf=" + std::to_string(bytes);
           r.prefetch_bytes = bytes;

@@ -125,16 +125,17 @@ def main():
     sweep = [r for r in rows if r.get("prefetch_bytes") is not None]
     if sweep:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for kernel in dict.fromkeys(r["kernel"] for r in sweep):
+        for kernel, dtype in dict.fromkeys((r["kernel"], r["dtype"]) for r in sweep):
             for threads in dict.fromkeys(r["threads"] for r in sweep):
-                sub = [r for r in sweep if r["kernel"] == kernel and r["threads"] == threads]
+                sub = [r for r in sweep if r["kernel"] == kernel and r["dtype"] == dtype
+                       and r["threads"] == threads]
                 if sub:
                     ax.plot([r["prefetch_bytes"] for r in sub], [r["fraction"] for r in sub],
-                            marker="o", label=f'{kernel.split(":", 1)[1]} {threads}t')
+                            marker="o", label=f'{kernel.split(":", 1)[1]} {dtype} {threads}t')
         ax.set_xlabel("software prefetch distance (bytes)")
         ax.set_ylabel("fraction of the ceiling (median)")
         ax.set_ylim(bottom=0)
-        ax.set_title("bf16 in place, Qwen3-8B: fraction by prefetch distance")
+        ax.set_title("in place, Qwen3-8B: fraction by software prefetch distance")
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = os.path.join(out_dir, "prefetch.png")
