@@ -38,6 +38,14 @@ def markdown_table(rows):
               f'| {num(r["ns_per_call"], ".0f")} | {num(r.get("ns_per_element"), ".3f")} |')
 
 
+def save(fig, path, written, dpi=110):
+    """Writes the figure to path, closes it, and notes the path in `written`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    written.append(path)
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -78,11 +86,7 @@ def main():
         axes.flat[0].legend(fontsize=7)
         fig.suptitle(f"{shape}: kernel GB/s against the ceiling, fraction above each pair",
                      fontsize=10)
-        fig.tight_layout()
-        path = os.path.join(out_dir, slug(shape) + ".png")
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        save(fig, os.path.join(out_dir, slug(shape) + ".png"), written, dpi=100)
 
     decode = [r for r in rows if r["ns_per_call"] is not None]
     if decode:
@@ -100,11 +104,7 @@ def main():
         ax.set_ylabel("microseconds per call (median)")
         ax.set_title("decode, 32 q heads + 8 k heads, head_dim 128")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(out_dir, "decode.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        save(fig, os.path.join(out_dir, "decode.png"), written)
 
     scale = [r for r in rows if r["kernel"].endswith("-scale")]
     if scale:
@@ -116,11 +116,7 @@ def main():
         ax.set_xlabel("tokens T")
         ax.set_ylabel("ns per element (median)")
         ax.set_title("rope-neox bf16 in place, 1 thread: cost per element")
-        fig.tight_layout()
-        path = os.path.join(out_dir, "linearity.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        save(fig, os.path.join(out_dir, "linearity.png"), written)
 
     sweep = [r for r in rows if r.get("prefetch_bytes") is not None]
     if sweep:
@@ -137,11 +133,7 @@ def main():
         ax.set_ylim(bottom=0)
         ax.set_title("in place, Qwen3-8B: fraction by software prefetch distance")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = os.path.join(out_dir, "prefetch.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        save(fig, os.path.join(out_dir, "prefetch.png"), written)
 
     for p in written:
         print(p)
