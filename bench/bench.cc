@@ -339,7 +339,7 @@ std::string fmt(const std::optional<double>& v, const char* f) {
 
 void print(const row& r) {
   std::printf(
-      "%-16s %-5s %-3s %-34s %2d %9s %9s %8s %10s %9s  (median %.3f ms, min %.3f ms)\n",
+      "%-25s %-5s %-3s %-34s %2d %9s %9s %8s %10s %9s  (median %.3f ms, min %.3f ms)\n",
       r.kernel.c_str(), r.dtype_name.c_str(), r.inplace ? "in" : "out", r.shape.c_str(), r.threads,
       fmt(r.gbps, "%.2f").c_str(), fmt(r.ceiling_gbps, "%.2f").c_str(),
       fmt(r.fraction, "%.3f").c_str(),
@@ -792,7 +792,7 @@ int run_bench(const bench_options& o) {
       "tilerope bench: cpu target %s, up to %d threads, prefetch %lld bytes, %d timed runs per "
       "row (median), caches flushed between runs\n",
       cpu_target().c_str(), all, static_cast<long long>(prefetch_bytes()), repeats);
-  std::printf("%-16s %-5s %-3s %-34s %2s %9s %9s %8s %10s %9s\n", "kernel", "dtype", "io", "shape",
+  std::printf("%-25s %-5s %-3s %-34s %2s %9s %9s %8s %10s %9s\n", "kernel", "dtype", "io", "shape",
               "th", "GB/s", "ceiling", "fraction", "ns/call", "speedup");
   std::vector<row> rows;
   ceilings ceil;
