@@ -767,10 +767,15 @@ row bench_skeleton(int repeats) {
   return r;
 }
 
-}  // namespace
+// Whether --only (empty: every row) selects the rows named `name`.
+bool selected(const bench_options& o, const std::string& name) {
+  return o.only.empty() || name.find(o.only) != std::string::npos;
+}
 
 // The rows of the prefetch-distance sweep are named "prefetch:KERNEL" (--only prefetch).
 constexpr const char* prefetch_sweep = "prefetch";
+
+}  // namespace
 
 int run_bench(const bench_options& o) {
   const int repeats = o.repeats ? o.repeats : (o.quick ? 10 : 20);
@@ -799,7 +804,7 @@ int run_bench(const bench_options& o) {
   const int before = num_threads();
   auto add = [&](kernel_kind kind, const shape_case& s, dtype t, bool inplace, int th,
                  bool baseline) {
-    if (!o.only.empty() && std::string(name_of(kind)).find(o.only) == std::string::npos) return;
+    if (!selected(o, name_of(kind))) return;
     const int reps = s.decode ? std::max(repeats, 200) : repeats;
     rows.push_back(measure(kind, s, t, inplace, th, reps, baseline, ceil));
     print(rows.back());
@@ -845,8 +850,7 @@ int run_bench(const bench_options& o) {
   // is 2048 on Intel, none on AMD), in place at Qwen3-8B: rope-neox f32 and bf16, and the bf16
   // rows whose arithmetic is longest against their bytes; each row names its distance, and the
   // default is restored after
-  if (!o.quick &&
-      (o.only.empty() || std::string(prefetch_sweep).find(o.only) != std::string::npos)) {
+  if (!o.quick && selected(o, prefetch_sweep)) {
     const std::int64_t default_bytes = prefetch_bytes();
     struct swept {
       kernel_kind kind;
@@ -907,7 +911,7 @@ int run_bench(const bench_options& o) {
   // faster or slower than over another of the same size)
   std::vector<std::int64_t> lengths = {1024, 4096, 8192, 32768};
   if (o.quick) lengths = {1024, 8192};
-  if (o.only.empty() || std::string("rope-neox-scale").find(o.only) != std::string::npos) {
+  if (selected(o, "rope-neox-scale")) {
     set_num_threads(1);
     std::vector<shape_case> shapes;
     std::vector<problem> problems;
@@ -930,7 +934,7 @@ int run_bench(const bench_options& o) {
       rows.push_back(r);
     }
   }
-  if (o.only.empty() || std::string("tile-skeleton").find(o.only) != std::string::npos) {
+  if (selected(o, "tile-skeleton")) {
     const row sk = bench_skeleton(std::min(repeats, 10));
     print(sk);
     rows.push_back(sk);
