@@ -43,7 +43,8 @@ def passing(rows):
 
 def find(rows, kernel, dtype, inplace, shape, threads):
     hits = [r for r in rows if r["kernel"] == kernel and r["dtype"] == dtype
-            and r["inplace"] == inplace and r["shape"].startswith(shape) and r["threads"] == threads]
+            and r["inplace"] == inplace and r["shape"].startswith(shape)
+            and r["threads"] == threads]
     assert len(hits) == 1, (kernel, dtype, inplace, shape, threads, len(hits))
     return hits[0]
 
@@ -74,23 +75,24 @@ def main():
         # each fraction target missed by one row, forward and backward
         misses = [
             ("rope neox/gptj, f32/bf16, in place, Qwen3-8B: fraction", 0.85,
-             ("rope-gptj", "bf16", True, "qwen3-8b T=8192", 2), "rope-gptj bf16 in qwen3-8b 2t"),
+             ("rope-gptj", "bf16", True, "qwen3-8b T=8192", 2)),
             ("rope neox/gptj, f32/bf16, in place, Qwen3-8B (backward)", 0.85,
-             ("rope-neox-bwd", "f32", True, "qwen3-8b T=8192", 1), "rope-neox-bwd f32 in qwen3-8b 1t"),
+             ("rope-neox-bwd", "f32", True, "qwen3-8b T=8192", 1)),
             ("rope neox/gptj, out of place: fraction", 0.80,
-             ("rope-neox", "f16", False, "long T=32768", 2), "rope-neox f16 out long 2t"),
+             ("rope-neox", "f16", False, "long T=32768", 2)),
             ("rope neox/gptj, out of place (backward)", 0.80,
-             ("rope-neox-bwd", "bf16", False, "qwen3-8b T=8192", 2), "rope-neox-bwd bf16 out qwen3-8b 2t"),
+             ("rope-neox-bwd", "bf16", False, "qwen3-8b T=8192", 2)),
             ("vision, mrope, interleave: fraction", 0.80,
-             ("vision", "f16", True, "qwen2vl-vision", 1), "vision f16 in qwen2vl-vision 1t"),
+             ("vision", "f16", True, "qwen2vl-vision", 1)),
             ("vision, mrope, interleave (backward)", 0.80,
-             ("interleave-bwd", "bf16", False, "qwen3-8b T=8192", 1), "interleave-bwd bf16 out qwen3-8b 1t"),
-            ("qk-norm-rope: fraction", 0.75,
-             ("qk-norm-rope", "bf16", True, "qwen3-8b T=8192", 1), "qk-norm-rope bf16 in qwen3-8b 1t"),
+             ("interleave-bwd", "bf16", False, "qwen3-8b T=8192", 1)),
+            ("qk-norm-rope: fraction", 0.75, ("qk-norm-rope", "bf16", True, "qwen3-8b T=8192", 1)),
             ("qk-norm-rope (backward)", 0.75,
-             ("qk-norm-rope-bwd", "f16", False, "qwen3-8b T=8192", 2), "qk-norm-rope-bwd f16 out qwen3-8b 2t"),
+             ("qk-norm-rope-bwd", "f16", False, "qwen3-8b T=8192", 2)),
         ]
-        for target, threshold, where, name in misses:
+        for target, threshold, where in misses:
+            kernel, dtype, inplace, shape, threads = where
+            name = f'{kernel} {dtype} {"in" if inplace else "out"} {shape.split()[0]} {threads}t'
             rows = copy.deepcopy(base)
             find(rows, *where)["fraction"] = threshold - 0.01
             res = run_on(rows, tmp)
@@ -120,7 +122,8 @@ def main():
         unread = [r for r in rows if r["shape"].startswith("gemma3-4b")
                   or (r["kernel"] in rope and r["inplace"] and r["fraction"] is not None
                       and not r["shape"].startswith(("linear", "decode"))
-                      and not (r["dtype"] != "f16" and r["shape"].startswith("qwen3-8b T=8192 32")))]
+                      and not (r["dtype"] != "f16"
+                               and r["shape"].startswith("qwen3-8b T=8192 32")))]
         check(res.returncode == 0 and f"| {len(unread)} | 0.100 (" in line
               and "| not read |" in line,
               "gemma3-4b, prefetch and in-place f16 rope rows at 0.1: no target reads them, "
