@@ -152,7 +152,8 @@ def main():
         if not isinstance(rows, list):
             raise ValueError("expected a JSON list of rows")
         lines, ok = check(rows)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError,
+            ZeroDivisionError) as e:  # not a bench JSON: a row without a key, of another type
         print(f"check-targets.py: {sys.argv[1]}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print("| target | rows | worst row | verdict |")

@@ -3,7 +3,7 @@
 and keys), every figure then rewritten, so that each verdict is known. Every target met, each
 target missed by one row (the row named, exit 1), a figure exactly at its threshold (met), rows
 no target reads (gemma3-4b, prefetch) at any figure, a run without some target's rows (exit 1),
-and files it cannot read (exit 2).
+and files it cannot read or whose rows are not a bench's (exit 2).
 
 Usage: /usr/bin/python3 test_check_targets.py SOURCE_DIR
 Prints one line per check, then `N passed, M failed`; exits 1 if any check failed.
@@ -188,6 +188,14 @@ def main():
         res = subprocess.run([sys.executable, SCRIPT, path], capture_output=True, text=True)
         check(res.returncode == 2 and "expected a JSON list of rows" in res.stderr,
               "a JSON object: exit 2, says a list is expected")
+        rows = copy.deepcopy(base)
+        del rows[0]["kernel"]
+        res = run_on(rows, tmp)
+        check(res.returncode == 2 and "KeyError: 'kernel'" in res.stderr and not res.stdout,
+              "a row without its kernel: exit 2, the key named, no table")
+        res = run_on([["rope-neox", "f32"]], tmp)
+        check(res.returncode == 2 and "rows.json" in res.stderr and not res.stdout,
+              "a row that is a list: exit 2, the file named, no table")
         res = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
         check(res.returncode == 2 and "check-targets.py bench.json" in res.stderr,
               "no argument: exit 2, usage")
