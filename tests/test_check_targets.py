@@ -49,6 +49,11 @@ def find(rows, kernel, dtype, inplace, shape, threads):
     return hits[0]
 
 
+def label_of(r):
+    io = "in" if r["inplace"] else "out"
+    return f'{r["kernel"]} {r["dtype"]} {io} {r["shape"].split()[0]} {r["threads"]}t'
+
+
 def run_on(rows, tmp):
     path = os.path.join(tmp, "rows.json")
     with open(path, "w") as f:
@@ -65,9 +70,9 @@ def main():
         base = passing(json.load(f))
     with tempfile.TemporaryDirectory() as tmp:
         res = run_on(base, tmp)
-        lines = [l for l in res.stdout.splitlines() if l.startswith("| ") and "---" not in l][1:]
+        lines = [t for t in res.stdout.splitlines() if t.startswith("| ") and "---" not in t][1:]
         check(res.returncode == 0 and "every target met" in res.stdout and len(lines) == 13
-              and all(l.endswith("| met |") for l in lines[:12])
+              and all(t.endswith("| met |") for t in lines[:12])
               and lines[12].endswith("| not read |"),
               f"every target met: exit {res.returncode}, {len(lines) - 1} targets met, then the "
               "rows none reads")
@@ -98,7 +103,7 @@ def main():
             res = run_on(rows, tmp)
             line = table_line(res.stdout, target)
             check(res.returncode == 1 and "**not met**: 1 of" in line
-                  and f"- {name} {threshold - 0.01:.3f} (-0.010)" in res.stdout
+                  and f"- {name} {threshold - 0.01:.4f} (-0.0100)" in res.stdout
                   and res.stdout.count("**not met**") == 1,
                   f"{name} at {threshold - 0.01:.2f}: only '{target}' not met, the row named")
             find(rows, *where)["fraction"] = threshold
@@ -109,8 +114,10 @@ def main():
         rows = copy.deepcopy(base)
         find(rows, "rope-neox-theta", "f32", True, "qwen3-8b T=8192", 1)["fraction"] = 0.84
         res = run_on(rows, tmp)
-        check(res.returncode == 1 and "rope-neox-theta f32 in qwen3-8b 1t 0.840" in res.stdout,
-              "rope-neox-theta in place at 0.84: read as rope-neox, not met")
+        line = table_line(res.stdout, "rope neox/gptj, f32/bf16, in place, Qwen3-8B: fraction")
+        check(res.returncode == 1 and "**not met**: 1 of 12" in line
+              and "rope-neox-theta f32 in qwen3-8b 1t 0.8400" in res.stdout,
+              "rope-neox-theta in place at 0.84: read as rope-neox in place, not met")
         rows = copy.deepcopy(base)
         for r in rows:
             if (r["shape"].startswith("gemma3-4b") or r.get("prefetch_bytes") is not None
@@ -124,7 +131,7 @@ def main():
                       and not r["shape"].startswith(("linear", "decode"))
                       and not (r["dtype"] != "f16"
                                and r["shape"].startswith("qwen3-8b T=8192 32")))]
-        check(res.returncode == 0 and f"| {len(unread)} | 0.100 (" in line
+        check(res.returncode == 0 and f"| {len(unread)} | 0.1000 (" in line
               and "| not read |" in line,
               "gemma3-4b, prefetch and in-place f16 rope rows at 0.1: no target reads them, "
               f"the last line counts {len(unread)} and shows the lowest (exit {res.returncode})")
@@ -154,13 +161,14 @@ def main():
             if r.get("ns_per_call") is not None and r["threads"] > 1:
                 r["ns_per_call"] *= 1.2
         res = run_on(rows, tmp)
-        check(res.returncode == 1 and "median 1.20x" in table_line(res.stdout, "decode with all"),
+        line = table_line(res.stdout, "decode with all")
+        check(res.returncode == 1 and "median 1.200x" in line and "not met**: median" in line,
               "every decode row 1.2x slower with all threads: not met")
         rows = copy.deepcopy(base)
         find(rows, "mrope", "f32", True, "decode T=16 ", 2)["ns_per_call"] *= 1.5
         res = run_on(rows, tmp)
         line = table_line(res.stdout, "decode with all")
-        check(res.returncode == 0 and "highest 1.50x (mrope f32 in decode T=16 2t)" in line,
+        check(res.returncode == 0 and "highest 1.500x (mrope f32 in decode T=16 2t)" in line,
               "one decode row 1.5x with all threads: met, the row shown")
 
         # linearity
@@ -170,6 +178,55 @@ def main():
         res = run_on(rows, tmp)
         check(res.returncode == 1 and "1.160x" in table_line(res.stdout, "time per element"),
               "one length 1.16x the others' time per element: not met")
+
+        # a figure exactly at its threshold is met; the miss names its row
+        rows = copy.deepcopy(base)
+        fused = [r for r in rows if r.get("speedup_vs_unfused")]
+        fused[0]["speedup_vs_unfused"] = 5.0
+        lengths = [r for r in rows if r["kernel"].endswith("-scale")]
+        lengths[0]["ns_per_element"] = 0.2 * 1.15
+        res = run_on(rows, tmp)
+        check(res.returncode == 0, "speedup exactly 5x and a length exactly 1.15x: met")
+        fused[0]["speedup_vs_unfused"] = 4.99
+        res = run_on(rows, tmp)
+        check(res.returncode == 1 and f"- {label_of(fused[0])} 4.99x" in res.stdout,
+              "speedup 4.99x: not met, the row named")
+
+        # a measurement without its figure (NaN is written as null) misses, as does a row
+        # absent at one of the thread counts
+        rows = copy.deepcopy(base)
+        row = find(rows, "mrope", "bf16", False, "qwen3-8b T=8192", 2)
+        row["fraction"] = None
+        res = run_on(rows, tmp)
+        check(res.returncode == 1 and "- mrope bf16 out qwen3-8b 2t: no figure" in res.stdout
+              and "**not met**: 1 of 36" in table_line(res.stdout, "vision, mrope, interleave:"),
+              "an mrope row without its fraction: not met, named")
+        rows = copy.deepcopy(base)
+        rows.remove(find(rows, "qk-norm-rope-bwd", "f32", True, "qwen3-8b T=8192", 2))
+        res = run_on(rows, tmp)
+        check(res.returncode == 1
+              and "- qk-norm-rope-bwd f32 in qwen3-8b: no row at 2t" in res.stdout,
+              "a qk-norm-rope-bwd row absent at two threads: not met, named")
+        rows = copy.deepcopy(base)
+        find(rows, "rope-gptj", "f32", True, "decode T=1 ", 1)["ns_per_call"] = None
+        res = run_on(rows, tmp)
+        check(res.returncode == 1 and "- rope-gptj f32 in decode T=1 1t: no figure" in res.stdout,
+              "a decode row without its time: not met, named")
+
+        # a machine of one thread: nothing to compare for the decode rows
+        rows = [r for r in copy.deepcopy(base) if r["threads"] == 1]
+        res = run_on(rows, tmp)
+        line = table_line(res.stdout, "decode with")
+        check(res.returncode == 0 and "| n/a: one thread |" in line,
+              "one thread only: decode with all threads n/a, every target met "
+              f"(exit {res.returncode})")
+
+        # a quick run's two lengths: the line names the lengths it read
+        rows = [r for r in copy.deepcopy(base) if not (r["kernel"].endswith("-scale")
+                and r["shape"].split()[1] in ("T=4096", "T=32768"))]
+        res = run_on(rows, tmp)
+        check(res.returncode == 0 and table_line(res.stdout, "time per element, T=1024 to T=8192:"),
+              "the lengths 1024 and 8192 only: the line reads 'T=1024 to T=8192'")
 
         # a run without some target's rows (bench --only rope, say)
         rows = [r for r in base if not r["kernel"].startswith("qk-norm")]
