@@ -351,7 +351,7 @@ void print(const row& r) {
 }
 
 nlohmann::json to_json(const row& r) {
-  auto opt = [](const std::optional<double>& v) {
+  auto opt = [](const auto& v) {  // an optional figure: its value, or null
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
   return {{"kernel", r.kernel},
@@ -366,8 +366,7 @@ nlohmann::json to_json(const row& r) {
           {"ns_per_element", opt(r.ns_per_element)},
           {"speedup_vs_unfused", opt(r.speedup)},
           {"tile_time_ratio", opt(r.ratio_to_production)},
-          {"prefetch_bytes",
-           r.prefetch_bytes ? nlohmann::json(*r.prefetch_bytes) : nlohmann::json(nullptr)},
+          {"prefetch_bytes", opt(r.prefetch_bytes)},
           {"median_s", r.median_s},
           {"min_s", r.min_s}};
 }
