@@ -49,7 +49,7 @@ def fraction_targets(rows):
     rows with a fraction that no target reads. A row at the prefill shapes is read whether or
     not it has a fraction (a measurement that failed writes none, and then misses)."""
     timed = [r for r in rows if not r["kernel"].startswith("prefetch:")
-             and not r["kernel"].endswith("-scale") and r["kernel"] != "tile-skeleton"]
+             and not r["kernel"].endswith("-scale")]
     prefill = [r for r in timed if r["shape"].startswith(PREFILL_SHAPES)]
     rope = ("rope-neox", "rope-gptj")
     groups = [
