@@ -427,8 +427,9 @@ def test_mrope(tmp):
         for kind in ("int32", "int64"):
             ins, outs = qk(q, k)
             ins["--positions"] = (ids.astype(kind), None)
-            compare(f"{name} positions [3, T] {kind}", cli(tmp, ins, flags + ["--theta", theta], outs),
-                    wants, "<= 2e-6 abs", abs_within(2e-6))
+            compare(f"{name} positions [3, T] {kind}",
+                    cli(tmp, ins, flags + ["--theta", theta], outs), wants, "<= 2e-6 abs",
+                    abs_within(2e-6))
         ins, outs = qk(q, k)
         ins["--positions"] = (ids, None)
         got = cli(tmp, ins, flags + ["--theta", theta, "--table", "f32"], outs)
@@ -504,7 +505,8 @@ def test_interleave(tmp):
         sin = RNG.uniform(-1, 1, (T, D)).astype(np.float32)
         ins, outs = qk(q, k)
         ins.update({"--cos": (cos, None), "--sin": (sin, None)})
-        compare(f"interleave {out_layout} rows [T, D] (arbitrary values)", cli(tmp, ins, flags, outs),
+        compare(f"interleave {out_layout} rows [T, D] (arbitrary values)",
+                cli(tmp, ins, flags, outs),
                 [fn(x, cos, sin) for x in (q, k)], "<= 2e-6 abs", abs_within(2e-6))
         # half-width rows [T, D/2]: one entry per pair
         ang = RNG.uniform(-np.pi, np.pi, (T, D // 2))
@@ -795,7 +797,8 @@ def test_configs(tmp):
                     "--k-weight": (wk, "f32")})
         got = cli(tmp, ins, ["--variant", "qk-norm-rope", "--config", path], outs)
         wants = [rows_f64(rms_norm_f64(x, w, 1e-6), np.cos(angle_rows(ang, "halves")),
-                          np.sin(angle_rows(ang, "halves")), "halves") for x, w in ((q, wq), (k, wk))]
+                          np.sin(angle_rows(ang, "halves")), "halves")
+                 for x, w in ((q, wq), (k, wk))]
         compare(f"{name} --variant qk-norm-rope", got, wants, "<= 2e-6 abs", abs_within(2e-6))
 
     # MRoPE: the section and its layout from the config

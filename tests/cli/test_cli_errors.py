@@ -189,11 +189,13 @@ def main():
 
         def config(name, **keys):
             with open(p(name), "w") as f:
-                json.dump({"hidden_size": 256, "num_attention_heads": 4, "rope_theta": 1e6, **keys}, f)
+                json.dump({"hidden_size": 256, "num_attention_heads": 4, "rope_theta": 1e6,
+                           **keys}, f)
             return p(name)
         cfg64 = config("cfg64.json")
         cfg128 = config("cfg128.json", head_dim=128)
-        cfg_mrope = config("cfg_mrope.json", rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})
+        cfg_mrope = config("cfg_mrope.json",
+                           rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})
 
         def var(name, q="q.npy"):
             return ["--variant", name, "--q", p(q), "--out-q", out]
@@ -233,7 +235,8 @@ def main():
                      ["--rotary-dim is not used by --variant vision"])
         expect_error("--layout with mrope", mrope + ["--layout", "bshd"],
                      ["--layout is not used by --variant mrope"])
-        expect_error("--cos with rope", base() + ["--cos", p("c_rows.npy"), "--sin", p("s_rows.npy")],
+        expect_error("--cos with rope",
+                     base() + ["--cos", p("c_rows.npy"), "--sin", p("s_rows.npy")],
                      ["--cos is not used by --variant rope"])
         expect_error("--cos with qk-norm-rope", norm + ["--cos", p("c_rows.npy")],
                      ["--cos is not used by --variant qk-norm-rope"])
@@ -317,7 +320,8 @@ def main():
         expect_error("--config head_dim != q head_dim",
                      var("interleave") + ["--config", cfg128] + pos,
                      ["cfg128.json", "head_dim (128)", "q head_dim (64"])
-        expect_error("--config missing file", var("interleave") + ["--config", p("nope.json")] + pos,
+        expect_error("--config missing file",
+                     var("interleave") + ["--config", p("nope.json")] + pos,
                      ["nope.json"])
         for eps in ("nan", "inf", "-1"):
             expect_error(f"--eps {eps}", norm + ["--eps", eps], [f"--eps ({eps})"])
