@@ -42,13 +42,34 @@ const char* qwen25_yarn = R"({
 
 TEST(RopeConfig, TypeNamesRoundTripAndLegacyNames) {
   for (auto t : {rope_scaling_type::none, rope_scaling_type::linear, rope_scaling_type::dynamic,
-                 rope_scaling_type::yarn, rope_scaling_type::longrope, rope_scaling_type::llama3}) {
+                 rope_scaling_type::yarn, rope_scaling_type::longrope, rope_scaling_type::llama3,
+                 rope_scaling_type::proportional}) {
     EXPECT_EQ(rope_scaling_type_from_string(to_string(t)), t);
   }
   EXPECT_EQ(to_string(rope_scaling_type::none), "default");
   EXPECT_EQ(rope_scaling_type_from_string("su"), rope_scaling_type::longrope);
   EXPECT_EQ(rope_scaling_type_from_string("mrope"), rope_scaling_type::none);
   EXPECT_ERROR(rope_scaling_type_from_string("ntk"), "rope_type 'ntk' is not one of");
+}
+
+// proportional (Gemma 4): the whole head rotates; past int(factor * head_dim // 2) the
+// frequencies are 0, and the others are over head_dim, divided by `factor`.
+TEST(RopeConfig, ProportionalZeroesTheFrequenciesPastItsFraction) {
+  const rope_config c = parse(R"({"head_dim": 256, "rope_parameters": {"rope_type":
+      "proportional", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25, "factor": 2.0}})");
+  EXPECT_EQ(c.scaling.type, rope_scaling_type::proportional);
+  EXPECT_EQ(c.rotary_dim, 256);
+  const rope_frequencies f = c.frequencies();
+  const std::vector<double> base = rope_inv_freq(256, 1e6);
+  ASSERT_EQ(f.inv_freq.size(), 128u);
+  for (std::size_t i = 0; i < 128; ++i) {
+    EXPECT_EQ(f.inv_freq[i], i < 32 ? base[i] / 2.0 : 0.0) << i;
+  }
+  EXPECT_EQ(f.attention_scaling, 1.0);
+  // Without a factor or fraction: the plain frequencies over the whole head.
+  const rope_frequencies plain =
+      parse(R"({"head_dim": 64, "rope_parameters": {"rope_type": "proportional"}})").frequencies();
+  EXPECT_EQ(plain.inv_freq, rope_inv_freq(64, 10000.0));
 }
 
 TEST(RopeConfig, ParsesQwen25Yarn) {

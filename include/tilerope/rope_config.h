@@ -1,7 +1,8 @@
 #pragma once
 /// \file rope_config.h
 /// A model's RoPE settings, read from a Hugging Face config.json, and the frequencies they give:
-/// HF transformers' rope types (default, linear, dynamic, yarn, longrope, llama3) evaluated in
+/// HF transformers' rope types (default, linear, dynamic, yarn, longrope, llama3, proportional)
+/// evaluated in
 /// fp64 from the same formulas as `transformers.modeling_rope_utils`.
 ///
 ///     const rope_config c = rope_config::from_hf_json("Qwen2.5-7B-Instruct/config.json");
@@ -26,10 +27,11 @@
 
 namespace tilerope {
 
-/// HF's `rope_type`. `none` is HF's "default": plain theta^(-2i/d).
-enum class rope_scaling_type { none, linear, dynamic, yarn, longrope, llama3 };
+/// HF's `rope_type`. `none` is HF's "default": plain theta^(-2i/d). `proportional` (Gemma 4)
+/// rotates the whole head and gives the frequencies past partial_rotary_factor a zero.
+enum class rope_scaling_type { none, linear, dynamic, yarn, longrope, llama3, proportional };
 
-/// "default", "linear", "dynamic", "yarn", "longrope", "llama3".
+/// "default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional".
 std::string_view to_string(rope_scaling_type t);
 
 /// The names above, and the legacy names HF maps: "su" -> longrope (Phi-3's first configs),
@@ -43,7 +45,7 @@ rope_scaling_type rope_scaling_type_from_string(std::string_view name);
 struct rope_scaling {
   rope_scaling_type type = rope_scaling_type::none;
   /// linear, dynamic, llama3: required. yarn, longrope: absent means
-  /// max_position_embeddings / original_max_position_embeddings.
+  /// max_position_embeddings / original_max_position_embeddings. proportional: absent means 1.
   std::optional<double> factor;
   /// yarn, longrope, llama3: the pretraining context. Absent means max_position_embeddings.
   /// (from_hf_json takes a top-level `original_max_position_embeddings` first, as HF does for
@@ -74,11 +76,13 @@ struct rope_scaling {
 /// A model's RoPE settings. Build one from a config.json with from_hf_json, or by hand (then
 /// frequencies() validates it).
 struct rope_config {
-  double theta = 10000.0;              ///< rope_theta (HF's default_theta when a config has none)
-  int head_dim = 0;                    ///< head_dim, else hidden_size / num_attention_heads
-  double partial_rotary_factor = 1.0;  ///< the rotated fraction of head_dim, in (0, 1]
-  /// The rotated dims: int(head_dim * partial_rotary_factor), truncated as HF does. 0 means
-  /// "derive it"; from_hf_json fills it.
+  double theta = 10000.0;  ///< rope_theta (HF's default_theta when a config has none)
+  int head_dim = 0;        ///< head_dim, else hidden_size / num_attention_heads
+  /// The rotated fraction of head_dim, in (0, 1]. For proportional, the fraction of the
+  /// head_dim/2 frequencies that are non-zero (the rest rotate by 0).
+  double partial_rotary_factor = 1.0;
+  /// The rotated dims: int(head_dim * partial_rotary_factor), truncated as HF does
+  /// (proportional: head_dim). 0 means "derive it"; from_hf_json fills it.
   int rotary_dim = 0;
   std::int64_t max_position_embeddings = 0;  ///< 0: not given (needed by some rope types)
   rope_scaling scaling;
@@ -110,7 +114,7 @@ struct rope_config {
   /// The same from JSON text; `origin` names it in error messages (e.g. the file name).
   static rope_config from_hf_json_text(const std::string& json, const std::string& origin);
 
-  /// rotary_dim if set, else int(head_dim * partial_rotary_factor).
+  /// rotary_dim if set, else int(head_dim * partial_rotary_factor) (proportional: head_dim).
   int effective_rotary_dim() const;
 
   /// The inverse frequencies (rotary_dim/2 of them, fp64) and the attention scaling for a
@@ -119,6 +123,8 @@ struct rope_config {
   ///   L = max(seq_len, max_position_embeddings), so any seq_len up to max_position_embeddings
   ///   gives plain RoPE (HF resets to the original frequencies there);
   /// - longrope: long_factor when seq_len > original_max_position_embeddings, else short_factor;
+  /// - proportional: theta^(-2i/head_dim) / factor for i < int(partial_rotary_factor *
+  ///   head_dim // 2), then 0 up to head_dim/2;
   /// - the other types do not depend on seq_len.
   /// seq_len = 0 means "not known", HF's seq_len=None: the frequencies a model starts with
   /// (dynamic: plain RoPE; longrope: short_factor). Throws tilerope::error for seq_len < 0 or

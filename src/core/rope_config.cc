@@ -34,6 +34,8 @@ std::string_view to_string(rope_scaling_type t) {
       return "longrope";
     case rope_scaling_type::llama3:
       return "llama3";
+    case rope_scaling_type::proportional:
+      return "proportional";
   }
   return "?";
 }
@@ -45,9 +47,10 @@ rope_scaling_type rope_scaling_type_from_string(std::string_view name) {
   if (name == "yarn") return rope_scaling_type::yarn;
   if (name == "longrope" || name == "su") return rope_scaling_type::longrope;
   if (name == "llama3") return rope_scaling_type::llama3;
+  if (name == "proportional") return rope_scaling_type::proportional;
   throw error("rope_type '" + std::string(name) +
-              "' is not one of default, linear, dynamic, yarn, longrope, llama3 (or the legacy "
-              "su, mrope)");
+              "' is not one of default, linear, dynamic, yarn, longrope, llama3, proportional (or "
+              "the legacy su, mrope)");
 }
 
 namespace {
@@ -80,7 +83,9 @@ struct field_names {
   std::string of(const std::string& k) const { return origin + key(k); }     // with the origin
 };
 
-int rotary_dim_of(int head_dim, double partial_rotary_factor) {
+int rotary_dim_of(int head_dim, double partial_rotary_factor, rope_scaling_type type) {
+  // proportional rotates the whole head (its factor zeroes frequencies instead).
+  if (type == rope_scaling_type::proportional) return head_dim;
   // int(head_dim * partial_rotary_factor) in Python: truncation of the fp64 product.
   return static_cast<int>(static_cast<double>(head_dim) * partial_rotary_factor);
 }
@@ -108,16 +113,19 @@ void validate(const rope_config& c, const field_names& n) {
   if (!std::isfinite(prf) || !(prf > 0) || prf > 1) {
     throw error(o + n.partial_rotary_factor + " (" + num(prf) + ") must be in (0, 1]");
   }
-  const int derived = rotary_dim_of(c.head_dim, prf);
+  const int derived = rotary_dim_of(c.head_dim, prf, c.scaling.type);
+  const std::string derivation = c.scaling.type == rope_scaling_type::proportional
+                                     ? n.head_dim + " (" + std::to_string(c.head_dim) + ")"
+                                     : "int(" + n.head_dim + " (" + std::to_string(c.head_dim) +
+                                           ") * " + n.partial_rotary_factor + " (" + num(prf) +
+                                           "))";
   if (c.rotary_dim != 0 && c.rotary_dim != derived) {
-    throw error(o + "rotary_dim (" + std::to_string(c.rotary_dim) + ") must be 0 or int(" +
-                n.head_dim + " (" + std::to_string(c.head_dim) + ") * " + n.partial_rotary_factor +
-                " (" + num(prf) + ")) = " + std::to_string(derived));
+    throw error(o + "rotary_dim (" + std::to_string(c.rotary_dim) + ") must be 0 or " + derivation +
+                " = " + std::to_string(derived));
   }
   if (derived <= 0 || derived % 2 != 0) {
-    throw error(o + "rotary_dim (" + std::to_string(derived) + ") = int(" + n.head_dim + " (" +
-                std::to_string(c.head_dim) + ") * " + n.partial_rotary_factor + " (" + num(prf) +
-                ")) must be even and > 0");
+    throw error(o + "rotary_dim (" + std::to_string(derived) + ") = " + derivation +
+                " must be even and > 0");
   }
   const int half = derived / 2;
   if (c.max_position_embeddings < 0) {
@@ -324,7 +332,8 @@ std::vector<double> number_list(const json& object, const char* key, const std::
 }  // namespace
 
 int rope_config::effective_rotary_dim() const {
-  return rotary_dim != 0 ? rotary_dim : rotary_dim_of(head_dim, partial_rotary_factor);
+  return rotary_dim != 0 ? rotary_dim
+                         : rotary_dim_of(head_dim, partial_rotary_factor, scaling.type);
 }
 
 rope_config rope_config::from_hf_json(const std::string& path) {
@@ -502,7 +511,7 @@ rope_config rope_config::from_hf_json_text(const std::string& text, const std::s
     }
   }
 
-  c.rotary_dim = rotary_dim_of(c.head_dim, c.partial_rotary_factor);
+  c.rotary_dim = rotary_dim_of(c.head_dim, c.partial_rotary_factor, c.scaling.type);
   validate(c, names);
   return c;
 }
@@ -601,9 +610,21 @@ rope_frequencies rope_config::frequencies(std::int64_t seq_len) const {
       }
       break;
     }
+    case rope_scaling_type::proportional: {
+      // HF: int(partial_rotary_factor * head_dim // 2) frequencies theta^(-2i/head_dim), the
+      // rest 0 (those pairs are not rotated), all divided by factor.
+      const auto rotated = static_cast<std::size_t>(
+          std::floor(partial_rotary_factor * static_cast<double>(head_dim) / 2));
+      for (std::size_t i = 0; i < half; ++i) {
+        f.inv_freq[i] = i < rotated ? base[i] / s.factor.value_or(1.0) : 0.0;
+      }
+      break;
+    }
   }
+  const bool zeros_allowed = s.type == rope_scaling_type::proportional;
   for (std::size_t i = 0; i < half; ++i) {
-    if (!std::isfinite(f.inv_freq[i]) || !(f.inv_freq[i] > 0)) {
+    if (!std::isfinite(f.inv_freq[i]) ||
+        !(f.inv_freq[i] > 0 || (zeros_allowed && f.inv_freq[i] == 0))) {
       throw error("rope_type '" + std::string(to_string(s.type)) + "' gives inv_freq[" +
                   std::to_string(i) + "] = " + num(f.inv_freq[i]) + "; check its parameters");
     }
