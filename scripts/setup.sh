@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs every system package tilerope needs to build, test and benchmark, on Debian 12.
-# Run as root (or with sudo available). Safe to run again: apt-get skips what is present.
+# Installs every system package tilerope needs to build, test and benchmark, on Debian 12, and
+# the Python environment .venv (python/requirements.txt from PyPI: the package's build, torch,
+# transformers, pytest). Run as root (or with sudo available). Safe to run again: apt-get and
+# pip skip what is present.
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -11,6 +13,7 @@ packages=(
   libomp-dev          # OpenMP for clang builds; g++ brings libgomp
   clang-format
   python3 python3-numpy  # the independent fp64 checks of `tilerope apply` and `tilerope freqs`
+  python3-venv python3-dev  # .venv, and the headers the Python extension builds against
   python3-matplotlib     # scripts/plot-bench.py (docs/bench/*.png)
 )
 missing=()
@@ -24,3 +27,9 @@ if ((${#missing[@]})); then
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# The Python package's environment, made with Debian's python3 so that the extension is built
+# for the interpreter that runs it.
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements.txt

@@ -1,0 +1,334 @@
+// tilerope._C: the C++ API over DLPack arrays (torch tensors, numpy arrays), with no copies.
+// Every argument is turned into a tensor_view while the GIL is held; the kernel then runs with
+// the GIL released. tilerope::error becomes ValueError, an unsupported dtype TypeError.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tilerope/tilerope.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tilerope::python {
+namespace {
+
+using array = nb::ndarray<>;
+using optional_array = std::optional<array>;
+
+std::string device_name(const array& a) {
+  switch (a.device_type()) {
+    case nb::device::cuda::value:
+      return "cuda:" + std::to_string(a.device_id());
+    case nb::device::cuda_host::value:
+      return "cuda_host";
+    case nb::device::rocm::value:
+      return "rocm:" + std::to_string(a.device_id());
+    case nb::device::metal::value:
+      return "mps";
+    default:
+      return "device type " + std::to_string(a.device_type());
+  }
+}
+
+std::string dtype_name(nb::dlpack::dtype t) {
+  std::string code;
+  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
+    case nb::dlpack::dtype_code::Int:
+      code = "int";
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      code = "uint";
+      break;
+    case nb::dlpack::dtype_code::Float:
+      code = "float";
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      code = "bfloat";
+      break;
+    case nb::dlpack::dtype_code::Complex:
+      code = "complex";
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      return "bool";
+    default:
+      code = "code" + std::to_string(t.code) + "_";
+      break;
+  }
+  return code + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+std::optional<dtype> tilerope_dtype(nb::dlpack::dtype t) {
+  if (t.lanes != 1) return std::nullopt;
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (code == nb::dlpack::dtype_code::Float && t.bits == 32) return dtype::f32;
+  if (code == nb::dlpack::dtype_code::Float && t.bits == 16) return dtype::f16;
+  if (code == nb::dlpack::dtype_code::Bfloat && t.bits == 16) return dtype::bf16;
+  if (code == nb::dlpack::dtype_code::Int && t.bits == 32) return dtype::i32;
+  if (code == nb::dlpack::dtype_code::Int && t.bits == 64) return dtype::i64;
+  return std::nullopt;
+}
+
+/// The view of a CPU array, named `name` in every error.
+tensor_view view_of(const array& a, const char* name) {
+  if (a.device_type() != nb::device::cpu::value) {
+    throw nb::value_error((std::string(name) + " is on " + device_name(a) +
+                           ": this build of tilerope runs on the CPU only (no CUDA backend); "
+                           "pass CPU tensors")
+                              .c_str());
+  }
+  const std::optional<dtype> t = tilerope_dtype(a.dtype());
+  if (!t) {
+    throw nb::type_error((std::string(name) + " has dtype " + dtype_name(a.dtype()) +
+                          "; tilerope takes float32, float16 and bfloat16 data and int32 or "
+                          "int64 positions")
+                             .c_str());
+  }
+  if (a.ndim() > static_cast<std::size_t>(max_rank)) {
+    throw error(std::string(name) + " has rank " + std::to_string(a.ndim()) +
+                "; tilerope's views have rank <= " + std::to_string(max_rank));
+  }
+  std::vector<std::int64_t> shape(a.ndim()), strides(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = static_cast<std::int64_t>(a.shape(i));
+    strides[i] = a.stride(i);
+  }
+  return tensor_view(a.data(), *t, shape, strides);
+}
+
+std::optional<tensor_view> view_of(const optional_array& a, const char* name) {
+  if (!a) return std::nullopt;
+  return view_of(*a, name);
+}
+
+/// Where cos and sin come from, and the positions that index them: the Python form of
+/// rope_positions + rope_angles. It keeps its arrays alive for as long as it exists.
+struct angle_source {
+  rope_positions positions = rope_positions::none();
+  rope_angles angles;
+  std::vector<array> keep_alive;
+
+  /// One cos/sin row per token (rope_angles::from_token_rows), optionally planes.
+  static angle_source rows(const array& cos, const array& sin, std::vector<int> axis_of_frequency) {
+    angle_source s;
+    s.angles = rope_angles::from_token_rows(view_of(cos, "cos"), view_of(sin, "sin"),
+                                            std::move(axis_of_frequency));
+    s.keep_alive = {cos, sin};
+    return s;
+  }
+
+  void set_positions(const optional_array& ids, std::int64_t offset,
+                     std::vector<int> axis_of_frequency) {
+    if (!ids) {
+      if (!axis_of_frequency.empty()) {
+        throw error("axis_of_frequency needs positions [A, T]");
+      }
+      positions = rope_positions::from_offset(offset);
+      return;
+    }
+    if (offset != 0) {
+      throw error("offset (" + std::to_string(offset) + ") and positions are exclusive");
+    }
+    positions = axis_of_frequency.empty() ? rope_positions::from_ids(view_of(*ids, "positions"))
+                                          : rope_positions::from_axes(view_of(*ids, "positions"),
+                                                                      std::move(axis_of_frequency));
+    keep_alive.push_back(*ids);
+  }
+
+  /// Half-width tables [max_pos, rotary_dim/2] looked up by position.
+  static angle_source table(const array& cos, const array& sin, const optional_array& positions,
+                            std::int64_t offset, std::vector<int> axis_of_frequency) {
+    angle_source s;
+    s.angles = rope_angles::from_table(view_of(cos, "cos"), view_of(sin, "sin"));
+    s.keep_alive = {cos, sin};
+    s.set_positions(positions, offset, std::move(axis_of_frequency));
+    return s;
+  }
+
+  /// cos/sin computed per token from the frequencies.
+  static angle_source frequencies(std::vector<double> inv_freq, double attention_scaling,
+                                  std::string_view precision, const optional_array& positions,
+                                  std::int64_t offset, std::vector<int> axis_of_frequency) {
+    angle_source s;
+    s.angles =
+        rope_angles::from_frequencies(rope_frequencies{std::move(inv_freq), attention_scaling},
+                                      angle_precision_from_string(precision));
+    s.set_positions(positions, offset, std::move(axis_of_frequency));
+    return s;
+  }
+};
+
+rope_tensors tensors_of(const array& q, const optional_array& k, const optional_array& q_out,
+                        const optional_array& k_out) {
+  rope_tensors x;
+  x.q = view_of(q, "q");
+  x.k = view_of(k, "k");
+  x.q_out = view_of(q_out, "q_out");
+  x.k_out = view_of(k_out, "k_out");
+  return x;
+}
+
+rope_options options_of(int rotary_dim, bool backward, bool split_half) {
+  rope_options o;
+  o.rotary_dim = rotary_dim;
+  o.backward = backward;
+  o.output_layout = split_half ? rope_output_layout::split_half : rope_output_layout::as_input;
+  return o;
+}
+
+qk_norm norm_of(const array& q_weight, const optional_array& k_weight, double eps,
+                std::string_view rounding) {
+  qk_norm n;
+  n.q_weight = view_of(q_weight, "q_weight");
+  n.k_weight = view_of(k_weight, "k_weight");
+  n.eps = eps;
+  n.rounding = qk_norm_rounding_from_string(rounding);
+  return n;
+}
+
+void rope(std::string_view style, const array& q, const optional_array& k,
+          const optional_array& q_out, const optional_array& k_out, const angle_source& angles,
+          int rotary_dim, bool backward, bool split_half) {
+  const rope_style s = rope_style_from_string(style);
+  const rope_tensors x = tensors_of(q, k, q_out, k_out);
+  const rope_options o = options_of(rotary_dim, backward, split_half);
+  nb::gil_scoped_release unlocked;
+  rope_apply(s, x, angles.positions, angles.angles, o);
+}
+
+void qk_norm_rope(std::string_view style, const array& q, const optional_array& k,
+                  const optional_array& q_out, const optional_array& k_out,
+                  const angle_source& angles, const array& q_weight, const optional_array& k_weight,
+                  double eps, std::string_view rounding, int rotary_dim) {
+  const rope_style s = rope_style_from_string(style);
+  const rope_tensors x = tensors_of(q, k, q_out, k_out);
+  const qk_norm n = norm_of(q_weight, k_weight, eps, rounding);
+  const rope_options o = options_of(rotary_dim, false, false);
+  nb::gil_scoped_release unlocked;
+  qk_norm_rope_apply(s, x, angles.positions, angles.angles, n, o);
+}
+
+void qk_norm_rope_grad(std::string_view style, const array& q, const optional_array& k,
+                       const array& dq_out, const optional_array& dk_out, const optional_array& dq,
+                       const optional_array& dk, const array& dq_weight,
+                       const optional_array& dk_weight, const angle_source& angles,
+                       const array& q_weight, const optional_array& k_weight, double eps,
+                       int rotary_dim) {
+  const rope_style s = rope_style_from_string(style);
+  qk_norm_rope_grad_tensors g;
+  g.q = view_of(q, "q");
+  g.k = view_of(k, "k");
+  g.dq_out = view_of(dq_out, "dq_out");
+  g.dk_out = view_of(dk_out, "dk_out");
+  g.dq = view_of(dq, "dq");
+  g.dk = view_of(dk, "dk");
+  g.dq_weight = view_of(dq_weight, "dq_weight");
+  g.dk_weight = view_of(dk_weight, "dk_weight");
+  const qk_norm n = norm_of(q_weight, k_weight, eps, "fp32_once");
+  const rope_options o = options_of(rotary_dim, false, false);
+  nb::gil_scoped_release unlocked;
+  qk_norm_rope_backward(s, g, angles.positions, angles.angles, n, o);
+}
+
+/// A model's frequencies from its config.json text, with the settings they came from.
+nb::dict frequencies_of_config(const std::string& json, const std::string& origin,
+                               std::int64_t seq_len) {
+  const rope_config c = rope_config::from_hf_json_text(json, origin);
+  const rope_frequencies f = c.frequencies(seq_len);
+  nb::dict d;
+  d["inv_freq"] = f.inv_freq;
+  d["attention_scaling"] = f.attention_scaling;
+  d["rope_type"] = std::string(to_string(c.scaling.type));
+  d["theta"] = c.theta;
+  d["head_dim"] = c.head_dim;
+  d["rotary_dim"] = c.effective_rotary_dim();
+  d["mrope_section"] = c.mrope_section;
+  d["mrope_interleaved"] = c.mrope_interleaved;
+  return d;
+}
+
+/// Writes cos(p * inv_freq[i]) * s and sin(...) * s for p < rows into two [rows, n] arrays.
+void fill_rope_table(const array& cos, const array& sin, const std::vector<double>& inv_freq,
+                     double attention_scaling) {
+  const tensor_view c = view_of(cos, "cos"), s = view_of(sin, "sin");
+  const auto n = static_cast<std::int64_t>(inv_freq.size());
+  for (const auto* v : {&c, &s}) {
+    const char* name = v == &c ? "cos" : "sin";
+    if (v->rank != 2 || v->shape[1] != n || !v->is_contiguous() || !is_floating(v->type) ||
+        v->type != c.type || v->shape[0] != c.shape[0]) {
+      throw error(std::string(name) + " " + v->shape_string() + " " +
+                  std::string(to_string(v->type)) + " must be a contiguous floating [max_pos, " +
+                  std::to_string(n) + "] array, cos and sin alike");
+    }
+  }
+  nb::gil_scoped_release unlocked;
+  const rope_table t =
+      make_rope_table(c.shape[0], rope_frequencies{inv_freq, attention_scaling}, c.type);
+  std::memcpy(c.data, t.cos.data(), t.cos.bytes());
+  std::memcpy(s.data, t.sin.data(), t.sin.bytes());
+}
+
+}  // namespace
+}  // namespace tilerope::python
+
+NB_MODULE(_C, m) {
+  using namespace tilerope;
+  using namespace tilerope::python;
+  m.doc() = "tilerope's C++ kernels over DLPack arrays (private: use the tilerope package)";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const tilerope::error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  nb::class_<angle_source>(m, "angles",
+                           "Where cos/sin come from, and the positions that index them")
+      .def_static("rows", &angle_source::rows, "cos"_a, "sin"_a,
+                  "axis_of_frequency"_a = std::vector<int>{})
+      .def_static("table", &angle_source::table, "cos"_a, "sin"_a,
+                  "positions"_a.none() = nb::none(), "offset"_a = 0,
+                  "axis_of_frequency"_a = std::vector<int>{})
+      .def_static("frequencies", &angle_source::frequencies, "inv_freq"_a,
+                  "attention_scaling"_a = 1.0, "precision"_a = "accurate",
+                  "positions"_a.none() = nb::none(), "offset"_a = 0,
+                  "axis_of_frequency"_a = std::vector<int>{});
+
+  m.def("rope", &rope, "style"_a, "q"_a, "k"_a.none(), "q_out"_a.none(), "k_out"_a.none(),
+        "angles"_a, "rotary_dim"_a = 0, "backward"_a = false, "split_half"_a = false,
+        "rope_apply: q (and k) rotated in place, or into q_out (and k_out)");
+  m.def("qk_norm_rope", &qk_norm_rope, "style"_a, "q"_a, "k"_a.none(), "q_out"_a.none(),
+        "k_out"_a.none(), "angles"_a, "q_weight"_a, "k_weight"_a.none(), "eps"_a,
+        "rounding"_a = "fp32_once", "rotary_dim"_a = 0, "qk_norm_rope_apply");
+  m.def("qk_norm_rope_backward", &qk_norm_rope_grad, "style"_a, "q"_a, "k"_a.none(), "dq_out"_a,
+        "dk_out"_a.none(), "dq"_a.none(), "dk"_a.none(), "dq_weight"_a, "dk_weight"_a.none(),
+        "angles"_a, "q_weight"_a, "k_weight"_a.none(), "eps"_a, "rotary_dim"_a = 0,
+        "qk_norm_rope_backward (weight gradients overwritten, f32)");
+  m.def("frequencies_of_config", &frequencies_of_config, "json"_a, "origin"_a, "seq_len"_a = 0);
+  m.def("fill_rope_table", &fill_rope_table, "cos"_a, "sin"_a, "inv_freq"_a,
+        "attention_scaling"_a = 1.0);
+  m.def("mrope_axis_map", [](std::array<int, 3> section, std::string_view layout) {
+    return mrope_axis_map(section, mrope_layout_from_string(layout));
+  });
+
+  m.def("set_num_threads", &set_num_threads, "n"_a);
+  m.def("num_threads", &num_threads);
+  m.def("set_cpu_target", &set_cpu_target, "name"_a);
+  m.def("cpu_target", &cpu_target);
+  m.def("compiled_cpu_targets", &compiled_cpu_targets);
+  m.def("supported_cpu_targets", &supported_cpu_targets);
+  m.def("version", [] { return std::string(version()); });
+}

@@ -1,0 +1,1 @@
+"""tilerope in other frameworks' own extension points (transformers: :mod:`.transformers`)."""

@@ -1,0 +1,60 @@
+"""The package: version, runtime settings, and the GIL released while a kernel runs."""
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import tilerope
+
+
+def test_version_is_the_cpp_version():
+    cmake = (Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
+    assert tilerope.__version__ == re.search(r"project\(tilerope VERSION ([0-9.]+)", cmake)[1]
+
+
+def test_runtime_settings():
+    n = tilerope.num_threads()
+    try:
+        tilerope.set_num_threads(1)
+        assert tilerope.num_threads() == 1
+    finally:
+        tilerope.set_num_threads(n)
+    assert "scalar" in tilerope.compiled_cpu_targets()
+    assert tilerope.cpu_target() in tilerope.supported_cpu_targets()
+    try:
+        tilerope.set_cpu_target("scalar")
+        assert tilerope.cpu_target() == "scalar"
+    finally:
+        tilerope.set_cpu_target("best")
+
+
+def test_gil_is_released_while_a_kernel_runs():
+    """The main thread runs Python between the moments the worker enters and leaves a long
+    kernel: it could not if the kernel held the GIL (it would wait for the call to return)."""
+    q = torch.randn(1, 32, 32768, 128)
+    k = torch.randn(1, 8, 32768, 128)
+    cos, sin = torch.randn(32768, 128), torch.randn(32768, 128)
+    started = threading.Event()
+    times = {}
+
+    def rotate():
+        started.set()
+        times["enter"] = time.perf_counter()
+        tilerope.apply_rotary_pos_emb(q, k, cos, sin)
+        times["leave"] = time.perf_counter()
+
+    n = tilerope.num_threads()
+    tilerope.set_num_threads(1)
+    try:
+        worker = threading.Thread(target=rotate)
+        worker.start()
+        started.wait()
+        time.sleep(0.01)  # the worker is in the kernel by now (it takes ~0.2 s or more)
+        times["main"] = time.perf_counter()
+        worker.join()
+    finally:
+        tilerope.set_num_threads(n)
+    assert times["enter"] < times["main"] < times["leave"]
