@@ -10,13 +10,17 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "tilerope/tilerope.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -258,25 +262,26 @@ nb::dict frequencies_of_config(const std::string& json, const std::string& origi
   return d;
 }
 
-/// Writes cos(p * inv_freq[i]) * s and sin(...) * s for p < rows into two [rows, n] arrays.
-void fill_rope_table(const array& cos, const array& sin, const std::vector<double>& inv_freq,
-                     double attention_scaling) {
-  const tensor_view c = view_of(cos, "cos"), s = view_of(sin, "sin");
-  const auto n = static_cast<std::int64_t>(inv_freq.size());
-  for (const auto* v : {&c, &s}) {
-    const char* name = v == &c ? "cos" : "sin";
-    if (v->rank != 2 || v->shape[1] != n || !v->is_contiguous() || !is_floating(v->type) ||
-        v->type != c.type || v->shape[0] != c.shape[0]) {
-      throw error(std::string(name) + " " + v->shape_string() + " " +
-                  std::string(to_string(v->type)) + " must be a contiguous floating [max_pos, " +
-                  std::to_string(n) + "] array, cos and sin alike");
-    }
+/// Asks Linux for transparent huge pages under a new array's memory, before anything touches
+/// it: a fresh output faults in each 4 KiB page (and zeroes it) on first write, which for outputs
+/// of many MiB costs more than the kernel itself. Returns whether any range was advised.
+bool advise_huge_pages(const array& a) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  std::int64_t span = 1;  // elements from the first to one past the last
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    if (a.shape(i) == 0 || a.stride(i) < 0) return false;
+    span += static_cast<std::int64_t>(a.shape(i) - 1) * a.stride(i);
   }
-  nb::gil_scoped_release unlocked;
-  const rope_table t =
-      make_rope_table(c.shape[0], rope_frequencies{inv_freq, attention_scaling}, c.type);
-  std::memcpy(c.data, t.cos.data(), t.cos.bytes());
-  std::memcpy(s.data, t.sin.data(), t.sin.bytes());
+  constexpr std::uintptr_t huge = std::uintptr_t{1} << 21;
+  const auto begin = reinterpret_cast<std::uintptr_t>(a.data());
+  const std::uintptr_t end = begin + static_cast<std::uintptr_t>(span) * a.itemsize();
+  const std::uintptr_t first = (begin + huge - 1) & ~(huge - 1), last = end & ~(huge - 1);
+  if (a.device_type() != nb::device::cpu::value || last <= first) return false;
+  return madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE) == 0;
+#else
+  (void)a;
+  return false;
+#endif
 }
 
 }  // namespace
@@ -318,8 +323,7 @@ NB_MODULE(_C, m) {
         "angles"_a, "q_weight"_a, "k_weight"_a.none(), "eps"_a, "rotary_dim"_a = 0,
         "qk_norm_rope_backward (weight gradients overwritten, f32)");
   m.def("frequencies_of_config", &frequencies_of_config, "json"_a, "origin"_a, "seq_len"_a = 0);
-  m.def("fill_rope_table", &fill_rope_table, "cos"_a, "sin"_a, "inv_freq"_a,
-        "attention_scaling"_a = 1.0);
+  m.def("advise_huge_pages", &advise_huge_pages, "array"_a);
   m.def("mrope_axis_map", [](std::array<int, 3> section, std::string_view layout) {
     return mrope_axis_map(section, mrope_layout_from_string(layout));
   });

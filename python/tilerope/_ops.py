@@ -25,11 +25,23 @@ except ImportError:  # a torch without it: the tensor's own __dlpack__, a few mi
 
 def dl(x: Tensor):
     """x as a DLPack capsule for _C: zero-copy, and about 2 us cheaper than x.__dlpack__()."""
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         raise ValueError(
             f"a tensor is on {x.device}: this build of tilerope runs on the CPU only (no CUDA "
             "backend); pass CPU tensors")
     return x if _to_dlpack is None else _to_dlpack(x)
+
+
+HUGE_OUTPUT_BYTES = 1 << 22
+
+
+def new_like(x: Tensor) -> Tensor:
+    """torch.empty_like(x); above 4 MiB its memory is advised as huge pages before the kernel
+    first writes it (4 KiB page faults would cost more than the kernel: docs/python.md)."""
+    out = torch.empty_like(x)
+    if out.nbytes >= HUGE_OUTPUT_BYTES:
+        _C.advise_huge_pages(dl(out))
+    return out
 
 
 def direct(args) -> bool:
@@ -144,7 +156,7 @@ def rotation_op(
     def kernel(backward: bool):
         def run(*args):
             r = plan(*args)
-            outs = [torch.empty_like(args[i]) for i in present(args)]
+            outs = [new_like(args[i]) for i in present(args)]
             _run(r, outs[0], outs[1] if len(outs) > 1 else None, backward)
             return outs
 

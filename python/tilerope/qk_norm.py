@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._ops import as_bshd, check_same_shape, direct, dl, readable, token_rows
+from ._ops import as_bshd, check_same_shape, direct, dl, new_like, readable, token_rows
 
 __all__ = ["qk_norm_rope"]
 
@@ -24,7 +24,7 @@ def _views(q, k, cos, sin, unsqueeze_dim):
 def _forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
              eps: float, unsqueeze_dim: int, rounding: str) -> list[Tensor]:
     q4, k4, c, s = _views(q, k, cos, sin, unsqueeze_dim)
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_out, k_out = new_like(q), new_like(k)
     _C.qk_norm_rope(
         "neox", dl(q4), dl(k4), dl(as_bshd(q_out, unsqueeze_dim, "q_out")),
         dl(as_bshd(k_out, unsqueeze_dim, "k_out")), _C.angles.rows(dl(c), dl(s)), dl(q_weight),
@@ -51,7 +51,7 @@ def _backward(q: Tensor, k: Tensor, dq_out: Tensor, dk_out: Tensor, q_weight: Te
               k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
               unsqueeze_dim: int) -> list[Tensor]:
     q4, k4, c, s = _views(q, k, cos, sin, unsqueeze_dim)
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dq, dk = new_like(q), new_like(k)
     dq_weight = torch.empty(q_weight.shape, dtype=torch.float32)
     dk_weight = torch.empty(k_weight.shape, dtype=torch.float32)
     bshd = lambda t, name: dl(as_bshd(t, unsqueeze_dim, name))  # noqa: E731
