@@ -37,6 +37,16 @@ def vl_model(name):
                                spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
             **VISION_TOKENS)
         return transformers.Qwen2VLForConditionalGeneration(config)
+    if name == "qwen3_vl":  # interleaved MRoPE; Qwen3's q_norm/k_norm
+        config = transformers.Qwen3VLConfig(
+            text_config={**TEXT, "head_dim": 16, "rope_parameters": {
+                **rope, "mrope_section": [2, 3, 3], "mrope_interleaved": True}},
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, patch_size=4, spatial_merge_size=2,
+                               temporal_patch_size=2, in_channels=3, num_position_embeddings=64,
+                               deepstack_visual_indexes=[0]),
+            **VISION_TOKENS)
+        return transformers.Qwen3VLForConditionalGeneration(config)
     config = transformers.Qwen2_5_VLConfig(
         text_config={**TEXT, "rope_parameters": {**rope, "mrope_section": [2, 3, 3]}},
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
@@ -133,7 +143,7 @@ def image_inputs(model, batch=1):
             "mm_token_type_ids": (ids == VISION_TOKENS["image_token_id"]).int()}
 
 
-@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_vision_language_models(name, calls):
     torch.manual_seed(0)
     model = vl_model(name).eval()
@@ -146,7 +156,8 @@ def test_vision_language_models(name, calls):
     finally:
         integration.disable(model)
     assert calls["apply_rotary_pos_emb_vision"] >= model.config.vision_config.depth
-    assert calls["apply_rotary_pos_emb"] >= model.config.text_config.num_hidden_layers
+    text = "qk_norm_rope" if name == "qwen3_vl" else "apply_rotary_pos_emb"
+    assert calls[text] >= model.config.text_config.num_hidden_layers
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
     assert torch.equal(tokens, want_tokens)
     modeling = __import__(f"transformers.models.{name}.modeling_{name}", fromlist=["x"])

@@ -58,3 +58,16 @@ def test_gil_is_released_while_a_kernel_runs():
     finally:
         tilerope.set_num_threads(n)
     assert times["enter"] < times["main"] < times["leave"]
+
+
+def test_readme_example_runs(monkeypatch):
+    """The README's Python example, as written, from the repository root."""
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S)[1]
+    monkeypatch.chdir(root)
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    q, k = scope["q"], scope["k"]
+    assert q.shape == (1, 32, 16, 128) and k.shape == (1, 8, 16, 128)
+    assert q.dtype == torch.bfloat16 and bool(torch.isfinite(q).all())
