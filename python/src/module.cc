@@ -16,11 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "output_cache.h"
 #include "tilerope/tilerope.h"
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -262,28 +259,6 @@ nb::dict frequencies_of_config(const std::string& json, const std::string& origi
   return d;
 }
 
-/// Asks Linux for transparent huge pages under a new array's memory, before anything touches
-/// it: a fresh output faults in each 4 KiB page (and zeroes it) on first write, which for outputs
-/// of many MiB costs more than the kernel itself. Returns whether any range was advised.
-bool advise_huge_pages(const array& a) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  std::int64_t span = 1;  // elements from the first to one past the last
-  for (std::size_t i = 0; i < a.ndim(); ++i) {
-    if (a.shape(i) == 0 || a.stride(i) < 0) return false;
-    span += static_cast<std::int64_t>(a.shape(i) - 1) * a.stride(i);
-  }
-  constexpr std::uintptr_t huge = std::uintptr_t{1} << 21;
-  const auto begin = reinterpret_cast<std::uintptr_t>(a.data());
-  const std::uintptr_t end = begin + static_cast<std::uintptr_t>(span) * a.itemsize();
-  const std::uintptr_t first = (begin + huge - 1) & ~(huge - 1), last = end & ~(huge - 1);
-  if (a.device_type() != nb::device::cpu::value || last <= first) return false;
-  return madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE) == 0;
-#else
-  (void)a;
-  return false;
-#endif
-}
-
 }  // namespace
 }  // namespace tilerope::python
 
@@ -323,7 +298,20 @@ NB_MODULE(_C, m) {
         "angles"_a, "q_weight"_a, "k_weight"_a.none(), "eps"_a, "rotary_dim"_a = 0,
         "qk_norm_rope_backward (weight gradients overwritten, f32)");
   m.def("frequencies_of_config", &frequencies_of_config, "json"_a, "origin"_a, "seq_len"_a = 0);
-  m.def("advise_huge_pages", &advise_huge_pages, "array"_a);
+  m.def(
+      "cached_empty",
+      [](const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
+         std::string_view type) {
+        PyObject* capsule = cached_empty(shape, strides, dtype_from_string(type));
+        if (!capsule) throw nb::python_error();
+        return nb::steal(capsule);
+      },
+      "shape"_a, "strides"_a, "dtype"_a,
+      "A DLPack capsule of an uninitialised dense CPU tensor from the output cache");
+  m.def("output_cache_bytes", &output_cache_bytes);
+  m.def("output_cache_limit", &output_cache_limit);
+  m.def("set_output_cache_limit", &set_output_cache_limit, "bytes"_a);
+  m.def("empty_output_cache", &empty_output_cache);
   m.def("mrope_axis_map", [](std::array<int, 3> section, std::string_view layout) {
     return mrope_axis_map(section, mrope_layout_from_string(layout));
   });

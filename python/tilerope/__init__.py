@@ -11,9 +11,13 @@ from . import _C
 from ._C import (
     compiled_cpu_targets,
     cpu_target,
+    empty_output_cache,
     num_threads,
+    output_cache_bytes,
+    output_cache_limit,
     set_cpu_target,
     set_num_threads,
+    set_output_cache_limit,
     supported_cpu_targets,
 )
 from .cache import apply_rope_with_cos_sin_cache, apply_rope_with_cos_sin_cache_inplace
@@ -46,4 +50,8 @@ __all__ = [
     "cpu_target",
     "compiled_cpu_targets",
     "supported_cpu_targets",
+    "output_cache_bytes",
+    "output_cache_limit",
+    "set_output_cache_limit",
+    "empty_output_cache",
 ]

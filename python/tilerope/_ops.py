@@ -2,7 +2,7 @@
 
 Each op maps the tensors of its public layout to the views the C++ API takes (transposes,
 slices and expands: no copies), and writes into outputs made by ``torch.empty_like`` of its
-inputs, so that its fake implementation allocates exactly the same. Every rotation op has a
+inputs (``new_like``), so that its fake implementation allocates exactly the same. Every rotation op has a
 ``*_backward`` twin with the same schema, the output gradients in place of q and k, which applies
 the inverse rotation; autograd calls it as an op, so ``torch.compile`` traces backward too.
 """
@@ -32,21 +32,25 @@ def dl(x: Tensor):
     return x if _to_dlpack is None else _to_dlpack(x)
 
 
-HUGE_OUTPUT_BYTES = 1 << 22
+CACHED_OUTPUT_BYTES = 1 << 22
+_CACHED_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 def new_like(x: Tensor) -> Tensor:
-    """torch.empty_like(x); above 4 MiB its memory is advised as huge pages before the kernel
-    first writes it (4 KiB page faults would cost more than the kernel: docs/python.md)."""
-    out = torch.empty_like(x)
-    if out.nbytes >= HUGE_OUTPUT_BYTES:
-        _C.advise_huge_pages(dl(out))
-    return out
+    """torch.empty_like(x). From 4 MiB up its memory comes from tilerope's output cache: fresh
+    pages would cost a fault and zeroing each on the first write, more than the kernel
+    (docs/python.md)."""
+    name = _CACHED_DTYPES.get(x.dtype)
+    if x.nbytes < CACHED_OUTPUT_BYTES or name is None or not x.is_cpu:
+        return torch.empty_like(x)
+    strides = torch.empty_like(x, device="meta").stride()
+    return torch.from_dlpack(_C.cached_empty(list(x.shape), list(strides), name))
 
 
 def direct(args) -> bool:
-    """True when an op's kernel can be called without the dispatcher: eager, plain CPU or CUDA
-    tensors, no autograd. The dispatch alone costs about 10 us, a decode step's whole budget."""
+    """True when an op's kernel can be called without the dispatcher: eager mode, plain tensors
+    (no subclass such as FakeTensor), no autograd. The dispatch alone costs about 10 us, more
+    than a decode step's rotation."""
     if torch.compiler.is_compiling():
         return False
     grad = torch.is_grad_enabled()
@@ -54,6 +58,7 @@ def direct(args) -> bool:
         if isinstance(x, Tensor) and (type(x) is not Tensor or (grad and x.requires_grad)):
             return False
     return True
+
 
 # --- the public layouts as the C++ API's views ------------------------------------------------
 

@@ -6,8 +6,8 @@ Times ``tilerope.apply_rotary_pos_emb``, transformers' ``apply_rotary_pos_emb`` 
 ``torch.compile`` of it on the same tensors: Qwen3-8B shapes (32 q heads, 8 kv heads, head_dim
 128) in the layout its attention passes (``[B, H, S, D]`` views of ``[B, S, H, D]``
 projections), prefill (8192 tokens) and decode (one token, batch 1 and 64), float32 and
-bfloat16, one thread and all threads. Each figure is the median of repeated calls; the ratios
-are of medians of the same run.
+bfloat16, one thread and all threads. Each figure is the median of repeated calls, the three
+functions taking turns; the ratios are of medians of the same run.
 """
 
 from __future__ import annotations
@@ -39,19 +39,28 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def median_seconds(fn: Callable[[], object], budget: float, min_reps: int = 5) -> float:
-    """Median time of one call: calls for about `budget` seconds (at least min_reps)."""
-    fn()
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_reps or time.perf_counter() - start < budget:
-        t = time.perf_counter()
+def median_seconds(fns: dict[str, Callable[[], object]], budget: float) -> dict[str, float]:
+    """The median time of one call of each function. The functions take turns, a slice of about
+    20 ms each, for about `budget` seconds in all (at least 5 calls each), so that a slow minute
+    of a shared machine falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t)
-        if len(times) >= 100000:
+        fn()
+    start = time.perf_counter()
+    while min(len(t) for t in times.values()) < 5 or time.perf_counter() - start < budget:
+        for name, fn in fns.items():
+            slice_end = time.perf_counter() + 0.02
+            while True:
+                t = time.perf_counter()
+                fn()
+                done = time.perf_counter()
+                times[name].append(done - t)
+                if done >= slice_end:
+                    break
+        if min(len(t) for t in times.values()) >= 100000:
             break
-    return statistics.median(times)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def transformers_function() -> Optional[Callable]:
@@ -64,7 +73,7 @@ def transformers_function() -> Optional[Callable]:
 
 def run(quick: bool) -> list[dict]:
     hf = transformers_function()
-    budget = 0.3 if quick else 1.5
+    budget = 1.0 if quick else 4.0
     all_threads = os.cpu_count() or 1
     rows = []
     for threads in sorted({1, all_threads}):
@@ -84,12 +93,13 @@ def run(quick: bool) -> list[dict]:
                 moved = 2 * (q.numel() + k.numel()) * q.element_size() + 2 * cos.nbytes
                 row = {"case": case, "batch": batch, "seq": seq, "dtype": str(dtype)[6:],
                        "threads": threads, "bytes": moved}
+                fns = {"tilerope": lambda: tilerope.apply_rotary_pos_emb(q, k, cos, sin)}
+                if hf is not None:
+                    fns["eager"] = lambda: hf(q, k, cos, sin)
+                    fns["compiled"] = lambda: compiled(q, k, cos, sin)
                 with torch.no_grad():
-                    row["tilerope_s"] = median_seconds(
-                        lambda: tilerope.apply_rotary_pos_emb(q, k, cos, sin), budget)
-                    if hf is not None:
-                        row["eager_s"] = median_seconds(lambda: hf(q, k, cos, sin), budget)
-                        row["compiled_s"] = median_seconds(lambda: compiled(q, k, cos, sin), budget)
+                    for name, seconds in median_seconds(fns, budget).items():
+                        row[f"{name}_s"] = seconds
                 row["tilerope_gbps"] = moved / row["tilerope_s"] / 1e9
                 for peer in ("eager", "compiled"):
                     if f"{peer}_s" in row:
@@ -121,7 +131,7 @@ def print_row(r: dict):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tilerope.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="0.3 s per figure instead of 1.5")
+    parser.add_argument("--quick", action="store_true", help="1 s per row instead of 4")
     parser.add_argument("--json", metavar="OUT", help="write the rows and the machine to OUT")
     args = parser.parse_args(argv)
     print(f"tilerope {tilerope.__version__} ({tilerope.cpu_target()}), torch {torch.__version__}, "

@@ -71,3 +71,32 @@ def test_readme_example_runs(monkeypatch):
     q, k = scope["q"], scope["k"]
     assert q.shape == (1, 32, 16, 128) and k.shape == (1, 8, 16, 128)
     assert q.dtype == torch.bfloat16 and bool(torch.isfinite(q).all())
+
+
+def test_large_outputs_reuse_cached_memory():
+    """Outputs from 4 MiB up come from the output cache: a freed one is handed out again, the
+    cache keeps no more than its limit, and empties on request."""
+    q = torch.randn(1, 2048, 8, 128).transpose(1, 2)  # 8 MiB
+    k = torch.randn(1, 2048, 2, 128).transpose(1, 2)  # 2 MiB: torch's own allocation
+    cos, sin = torch.randn(2048, 128), torch.randn(2048, 128)
+    limit = tilerope.output_cache_limit()
+    try:
+        tilerope.empty_output_cache()
+        q_out, k_out = tilerope.apply_rotary_pos_emb(q, k, cos, sin)
+        assert q_out.stride() == torch.empty_like(q).stride()
+        address = q_out.data_ptr()
+        del q_out, k_out
+        assert tilerope.output_cache_bytes() == 8 << 20
+        q_out, _ = tilerope.apply_rotary_pos_emb(q, k, cos, sin)
+        assert q_out.data_ptr() == address and tilerope.output_cache_bytes() == 0
+        tilerope.set_output_cache_limit(4 << 20)
+        del q_out
+        assert tilerope.output_cache_bytes() == 0  # over the limit: given back
+        tilerope.set_output_cache_limit(limit)
+        q_out, _ = tilerope.apply_rotary_pos_emb(q, k, cos, sin)
+        del q_out
+        assert tilerope.output_cache_bytes() == 8 << 20
+        tilerope.empty_output_cache()
+        assert tilerope.output_cache_bytes() == 0
+    finally:
+        tilerope.set_output_cache_limit(limit)
