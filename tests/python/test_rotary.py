@@ -251,3 +251,23 @@ def test_interleave_rope_is_the_npu_formula(shape, cos_s, dtype, gen):
     xt = x.float().requires_grad_()
     (tilerope.interleave_rope(xt, cos.float(), sin.float()) * g).sum().backward()
     assert_golden(xt.grad, xg.grad, torch.float32)
+
+
+def test_vision_gradients_match_autograd_through_transformers(gen):
+    s, h, d = 16, 2, 64
+    q, k = randn(s, h, d, gen=gen), randn(s, h, d, gen=gen)
+    cos, sin = hf_cos_sin(torch.arange(s) * 3, d)
+    g = randn(s, h, d, gen=gen)
+
+    def grads(f, dtype):
+        qq = q.to(dtype).detach().requires_grad_()
+        kk = k.to(dtype).detach().requires_grad_()
+        oq, ok = f(qq, kk, cos, sin)
+        ((oq * g.to(dtype)).sum() + (ok * g.to(dtype)).sum()).backward()
+        return qq.grad, kk.grad
+
+    want = grads(hf_apply_vision, torch.float64)
+    for dtype in DTYPES:
+        for got, w in zip(grads(tilerope.apply_rotary_pos_emb_vision, dtype), want):
+            assert got.dtype == dtype
+            assert_golden(got, w, dtype)
