@@ -271,3 +271,24 @@ def test_vision_gradients_match_autograd_through_transformers(gen):
         for got, w in zip(grads(tilerope.apply_rotary_pos_emb_vision, dtype), want):
             assert got.dtype == dtype
             assert_golden(got, w, dtype)
+
+
+@pytest.mark.parametrize("target", tilerope.supported_cpu_targets())
+def test_every_simd_target(target, gen):
+    """The drop-ins on each SIMD target this CPU runs (the kernels are one source compiled per
+    target), against the golden, bfloat16 packed views with a partial rotary width."""
+    q, k = make_qk("packed", 2, 4, 2, 19, 96, torch.bfloat16, gen)
+    cos, sin = hf_cos_sin(torch.randint(0, 9999, (2, 19), generator=gen), 64, dtype=torch.bfloat16)
+    w = (1 + 0.1 * randn(96, gen=gen)).bfloat16()
+    try:
+        tilerope.set_cpu_target(target)
+        got_q, got_k = tilerope.apply_rotary_pos_emb(q, k, cos, sin)
+        norm_q, _ = tilerope.qk_norm_rope(q[..., :64], k[..., :64], w[:64], w[:64], cos, sin)
+    finally:
+        tilerope.set_cpu_target("best")
+    for got, x in ((got_q, q), (got_k, k)):
+        assert torch.equal(got[..., 64:], x[..., 64:])
+        assert_golden(got[..., :64], golden_rows(x[..., :64], cos, sin, 1), torch.bfloat16)
+    x = q[..., :64].double()
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w[:64].double()
+    assert_golden(norm_q, golden_rows(h, cos, sin, 1), torch.bfloat16)
