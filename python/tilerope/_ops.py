@@ -150,7 +150,7 @@ def rotation_op(
     name: str, schema: str, plan: Callable[..., Rotation], q_arg: int, k_arg: Optional[int]
 ):
     """tilerope::<name> and tilerope::<name>_backward from one `plan` of the op's arguments.
-    Outputs are empty_like(q) and empty_like(k) (k absent or None: one output). Returns a
+    Outputs are new_like(q) and new_like(k) (k absent or None: one output). Returns a
     function of the op's arguments that calls the kernel directly where `direct` allows, the
     forward op otherwise."""
     rotated = (q_arg,) if k_arg is None else (q_arg, k_arg)
