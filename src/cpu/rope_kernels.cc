@@ -491,7 +491,7 @@ struct streaming_io : IO {
 // into a page read 0.71, 0.72, 0.92, 0.91 and 0.70 of it at 2048 bytes ahead, and 1.05, 1.03,
 // 1.04, 1.02 and 0.93 with the lines from 128 bytes into a block. A distance alone suits one
 // start: 2048 + 64 bytes ahead read 0.88-0.94 for q and k at the start of a page and 1.06 for
-// them 64 bytes in, 2048 + 128 bytes 1.04 and 0.91-0.93 (docs/benchmarks.md).
+// them 64 bytes in, 2048 + 128 bytes 1.04 and 0.91-0.93 (docs/performance.md).
 template <class T>
 HWY_INLINE void prefetch_row(const T* row, std::int64_t elements, std::int64_t ahead) {
   if (ahead == 0) return;
@@ -1795,7 +1795,7 @@ HWY_INLINE void call_on_block(const head_block& blk, std::int64_t b, std::int64_
 // and k's heads of the token, in and out pointing at its first head row. Tokens taken one at a
 // time set up no array of runs (its 64 entries were 7% of the samples of a call of one token
 // of 1 + 1 heads). No software prefetch: the hardware prefetchers follow these streams, and
-// prefetching the rows two tokens ahead measured slower (docs/benchmarks.md), as did
+// prefetching the rows two tokens ahead measured slower (docs/performance.md), as did
 // prefetching MRoPE's table rows.
 template <class T, class Fn>
 HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int64_t last,
