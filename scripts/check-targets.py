@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reads `tilerope bench --json OUT.json` against the performance targets (docs/benchmarks.md,
+"""Reads `tilerope bench --json OUT.json` against the performance targets (docs/performance.md,
 "The targets"): one line per target with the rows it covers, the worst of them, and every row
 that misses it, by how much (a row without its figure, or absent at one of the thread counts,
 misses). Exit status 0 when every target is met, 1 when one is not or has no rows in the file

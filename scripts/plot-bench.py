@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Plots `tilerope bench --json OUT.json`: for each prefill shape, every kernel's GB/s beside
-the ceiling measured in the same run (docs/bench/<shape>.png), the decode, linearity and
-prefetch-distance rows (docs/bench/decode.png, docs/bench/linearity.png,
-docs/bench/prefetch.png).
+the ceiling measured in the same run (OUT_DIR/<shape>.png), the decode, linearity and
+prefetch-distance rows (OUT_DIR/decode.png, OUT_DIR/linearity.png, OUT_DIR/prefetch.png).
+docs/performance.md shows some of them, one machine class per folder (docs/bench/CLASS).
 
-    scripts/plot-bench.py bench.json [docs/bench]
+    scripts/plot-bench.py bench.json [OUT_DIR]    # OUT_DIR: docs/bench unless given
+    scripts/plot-bench.py docs/bench/bench-zen5.json docs/bench/zen5
     scripts/plot-bench.py --table bench.json      # the rows as a Markdown table, to stdout
 """
 import json

@@ -11,7 +11,7 @@ build/tools/tilerope/tilerope check
 if build/tools/tilerope/tilerope bench --help >/dev/null 2>&1; then
   build/tools/tilerope/tilerope bench --quick --json build/bench-quick.json
   # A verdict, not this job's result: on a shared machine one quick run's row can move by 0.1
-  # (docs/benchmarks.md). Exit status 2 (the JSON unreadable) still fails the job.
+  # (docs/performance.md). Exit status 2 (the JSON unreadable) still fails the job.
   status=0
   scripts/check-targets.py build/bench-quick.json || status=$?
   [ "$status" -le 1 ]

@@ -14,7 +14,7 @@ packages=(
   clang-format
   python3 python3-numpy  # the independent fp64 checks of `tilerope apply` and `tilerope freqs`
   python3-venv python3-dev  # .venv, and the headers the Python extension builds against
-  python3-matplotlib     # scripts/plot-bench.py (docs/bench/*.png)
+  python3-matplotlib     # scripts/plot-bench.py (docs/bench/CLASS/*.png)
 )
 missing=()
 for p in "${packages[@]}"; do

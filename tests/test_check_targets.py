@@ -1,5 +1,5 @@
 """scripts/check-targets.py against rows whose figures are set here: the rows of a full
-`tilerope bench --json` run on main (docs/bench/bench-intel-a3a320e.json: its kernels, shapes
+`tilerope bench --json` run on main (docs/bench/bench-intel-xeon.json: its kernels, shapes
 and keys), every figure then rewritten, so that each verdict is known. Every target met, each
 target missed by one row (the row named, exit 1), a figure exactly at its threshold (met), rows
 no target reads (gemma3-4b, prefetch) at any figure, a run without some target's rows (exit 1),
@@ -17,7 +17,7 @@ import tempfile
 
 SOURCE = sys.argv[1]
 SCRIPT = os.path.join(SOURCE, "scripts", "check-targets.py")
-RUN = os.path.join(SOURCE, "docs", "bench", "bench-intel-a3a320e.json")
+RUN = os.path.join(SOURCE, "docs", "bench", "bench-intel-xeon.json")
 COUNTS = {"passed": 0, "failed": 0}
 
 

@@ -21,7 +21,7 @@ int num_threads();
 /// buffer (rows of a multiple of 256 bytes: 0 to 255 bytes further, from 128 bytes into a
 /// 256-byte block of the address space). 0 turns it off. The default is the
 /// TILEROPE_PREFETCH_BYTES environment variable if set, otherwise 2048 on Intel CPUs and 0 on
-/// others (docs/benchmarks.md gives the measurements). A value outside [0, 2^20] throws
+/// others (docs/performance.md gives the measurements). A value outside [0, 2^20] throws
 /// tilerope::error. Results do not depend on it.
 void set_prefetch_bytes(std::int64_t bytes);
 std::int64_t prefetch_bytes();

@@ -33,7 +33,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // into a page read 0.71, 0.72, 0.92, 0.91 and 0.70 of it at 2048 bytes ahead, and 1.05, 1.03,
 // 1.04, 1.02 and 0.93 with the lines from 128 bytes into a block. A distance alone suits one
 // start: 2048 + 64 bytes ahead read 0.88-0.94 for q and k at the start of a page and 1.06 for
-// them 64 bytes in, 2048 + 128 bytes 1.04 and 0.91-0.93 (docs/benchmarks.md).
+// them 64 bytes in, 2048 + 128 bytes 1.04 and 0.91-0.93 (docs/performance.md).
 template <class T>
 HWY_INLINE void prefetch_row(const T* row, std::int64_t elements, std::int64_t ahead) {
   if (ahead == 0) return;

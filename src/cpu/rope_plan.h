@@ -61,7 +61,7 @@ void set_norm_rows_held_16bit(int held);
 // Intel (the default there) with AVX2, one thread, 32 + 8 heads of 128, T = 8192, out of place,
 // the output at nine offsets mod 4 KiB: 0.40-0.43 ns per element streamed against 0.51-0.55
 // stored normally. On the AVX2 class (AMD EPYC) streamed f16 measured 2.5 to 3 times slower
-// at some offsets of the output from the scratch rows, mod 4 KiB (docs/benchmarks.md). The
+// at some offsets of the output from the scratch rows, mod 4 KiB (docs/performance.md). The
 // kernel tests take both (set: 0 or 1; -1 restores the CPU's default).
 bool f16_norm_backward_streamed();
 void set_f16_norm_backward_streamed(int streamed);

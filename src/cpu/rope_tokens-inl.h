@@ -48,7 +48,7 @@ HWY_INLINE void call_on_block(const head_block& blk, std::int64_t b, std::int64_
 // and k's heads of the token, in and out pointing at its first head row. Tokens taken one at a
 // time set up no array of runs (its 64 entries were 7% of the samples of a call of one token
 // of 1 + 1 heads). No software prefetch: the hardware prefetchers follow these streams, and
-// prefetching the rows two tokens ahead measured slower (docs/benchmarks.md), as did
+// prefetching the rows two tokens ahead measured slower (docs/performance.md), as did
 // prefetching MRoPE's table rows.
 template <class T, class Fn>
 HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int64_t last,

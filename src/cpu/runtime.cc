@@ -84,7 +84,7 @@ std::int64_t default_prefetch_bytes() {
     return n;
   }
   // Intel: rope-neox bf16 in place, Qwen3-8B, one thread, 0.62 of the ceiling without, 0.82
-  // with 2048 bytes (docs/benchmarks.md, "A third machine class"); off on AMD, where rows
+  // with 2048 bytes (docs/performance.md, "Performance decisions"); off on AMD, where rows
   // prefetched a few heads or tokens ahead measured slower (Zen 4 rope, Zen 3 QK RMSNorm's
   // backward)
   return detail::intel_cpu() ? 2048 : 0;
