@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cases.h"
-#include "cpu/rope_plan.h"
+#include "cpu/cpu_plan.h"
 #include "golden/golden.h"
 #include "tilerope/error.h"
 #include "tilerope/freqs.h"

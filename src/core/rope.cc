@@ -11,7 +11,7 @@
 #include <string>
 
 #include "core/overlap.h"
-#include "cpu/rope_plan.h"
+#include "core/rope_plan.h"
 #include "tilerope/error.h"
 #include "tilerope/qk_norm_rope.h"
 
@@ -478,17 +478,6 @@ void check_token_rows(const rope_angles& a, const tensor_view& q, token_dims t, 
 struct plan_storage {
   std::vector<double> inv_freq;
   std::vector<float> inv_freq_f32;
-  // per block (q, k): the norm weight [head_dim] in fp32, then its r/2 pairs' first and second
-  // weights where they are not already its two halves (gptj); in `weights_here` (not cleared)
-  // when they fit, as they do up to head_dim 256, else one allocation; both start a cache line
-  float* weights(std::size_t n) {
-    if (n <= std::size(weights_here)) return weights_here;
-    return detail::line_aligned(weights_heap, n);
-  }
-  alignas(64) float weights_here[1024];
-  std::vector<float> weights_heap;
-  std::vector<double> weight_grad[2];
-  std::vector<double> inverse_weight[2];
 };
 
 // Validates a rotation of x (everything but overlaps) and fills the plan.
@@ -651,8 +640,8 @@ void add_rotation_operands(operand_list& ops, const rope_tensors& x) {
   if (x.k) ops.write(x.k_out ? "k_out" : "k (in place)", x.k_out ? *x.k_out : *x.k, &*x.k);
 }
 
-// A norm weight [head_dim] (f32, f16 or bf16), checked, as fp32 into `to`.
-void weight_as_f32(const char* name, const tensor_view& w, std::int64_t head_dim, float* to) {
+// A norm weight: [head_dim], f32, f16 or bf16.
+void check_weight(const char* name, const tensor_view& w, std::int64_t head_dim) {
   if (w.rank != 1 || w.shape[0] != head_dim) {
     throw error(std::string(name) + " shape " + w.shape_string() + " must be [head_dim] = [" +
                 num(head_dim) + "]");
@@ -663,15 +652,10 @@ void weight_as_f32(const char* name, const tensor_view& w, std::int64_t head_dim
   }
   check_last_contiguous(name, w);
   check_data(name, w);
-  if (w.type == dtype::f32) {
-    std::memcpy(to, w.data, static_cast<std::size_t>(head_dim) * sizeof(float));
-  } else {  // f16, bf16: the kernels' vector conversion (a decode call converts both weights)
-    detail::convert_16_to_f32(w.type, static_cast<const std::uint16_t*>(w.data), to, head_dim);
-  }
 }
 
 // The normalisation's parameters, checked against x (k present or not) and set on the plan.
-void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan, plan_storage& st) {
+void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan) {
   if (!std::isfinite(norm.eps) || norm.eps < 0) {
     throw error("eps (" + std::to_string(norm.eps) + ") must be finite and >= 0");
   }
@@ -693,29 +677,10 @@ void plan_norm(const qk_norm& norm, bool has_k, detail::rope_plan& plan, plan_st
       (plan.in_pairs != detail::pairs::halves || plan.out_pairs != detail::pairs::halves)) {
     throw error("rounding hf_qwen3 is Qwen3's rotate_half evaluation order: it needs style neox");
   }
-  // the weights in pair order of the forward's input: (i, i + r/2), the weight's own halves,
-  // or (2i, 2i + 1), taken apart
-  const std::int64_t D = plan.head_dim, half = plan.rotary_dim / 2;
-  const bool adjacent = plan.style == rope_style::gptj;
-  const std::int64_t per_block = D + (adjacent ? 2 * half : 0);
-  float* const weights = st.weights(static_cast<std::size_t>(plan.num_blocks * per_block));
   const tensor_view* given[2] = {&norm.q_weight, has_k ? &*norm.k_weight : nullptr};
   for (int k = 0; k < plan.num_blocks; ++k) {
-    float* w = weights + k * per_block;
-    weight_as_f32(k == 0 ? "q_weight" : "k_weight", *given[k], D, w);
-    detail::head_block& b = plan.blocks[k];
-    b.weight = w;
-    b.weight_a = w;
-    b.weight_b = w + half;
-    if (adjacent) {
-      float* pairs = w + D;
-      for (std::int64_t i = 0; i < half; ++i) {
-        pairs[i] = w[2 * i];
-        pairs[half + i] = w[2 * i + 1];
-      }
-      b.weight_a = pairs;
-      b.weight_b = pairs + half;
-    }
+    check_weight(k == 0 ? "q_weight" : "k_weight", *given[k], plan.head_dim);
+    plan.weights[k] = *given[k];
   }
   plan.qk_norm = true;
   plan.eps = static_cast<float>(norm.eps);
@@ -744,7 +709,7 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_positions& p
   add_rotation_operands(ops, x);
   read_positions_and_angles(ops, positions, angles);
   check_overlaps(ops);
-  detail::run_rope_cpu(plan);
+  detail::run_plan(plan);
 }
 
 void rope_apply(rope_style style, const rope_tensors& x, const rope_angles& angles,
@@ -771,13 +736,13 @@ void qk_norm_rope_apply(rope_style style, const rope_tensors& x, const rope_posi
   detail::rope_plan plan;
   plan_storage st;
   plan_rotation(style, x, positions, angles, options, plan, st);
-  plan_norm(norm, x.k.has_value(), plan, st);
+  plan_norm(norm, x.k.has_value(), plan);
   operand_list ops;
   add_rotation_operands(ops, x);
   read_positions_and_angles(ops, positions, angles);
   add_weight_operands(ops, norm);
   check_overlaps(ops);
-  detail::run_rope_cpu(plan);
+  detail::run_plan(plan);
 }
 
 void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
@@ -808,7 +773,7 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
   detail::rope_plan plan;
   plan_storage st;
   plan_rotation(style, r, positions, angles, back, plan, st, {"dq_out", "dk_out", "dq", "dk"});
-  plan_norm(norm, has_k, plan, st);
+  plan_norm(norm, has_k, plan);
   const std::int64_t D = plan.head_dim;
   const std::pair<const char*, const tensor_view*> inputs[2] = {{"q", &g.q},
                                                                 {"k", has_k ? &*g.k : nullptr}};
@@ -833,17 +798,7 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
     b.x_b = r4 ? xin.strides[0] : 0;
     b.x_s = xin.strides[r4 ? 1 : 0];
     b.x_h = xin.strides[xin.rank - 2];
-    st.weight_grad[k].assign(static_cast<std::size_t>(detail::token_blocks(plan) * D), 0.0);
-    b.weight_grad = st.weight_grad[k].data();
-    // weights that fold into the angles (none 0, subnormal, huge, inf or NaN)
-    if (std::all_of(b.weight, b.weight + D,
-                    [](float w) { return std::fabs(w) >= 0x1p-32f && std::fabs(w) <= 0x1p32f; })) {
-      st.inverse_weight[k].resize(static_cast<std::size_t>(D));
-      for (std::int64_t j = 0; j < D; ++j) {
-        st.inverse_weight[k][static_cast<std::size_t>(j)] = 1.0 / b.weight[j];
-      }
-      b.inverse_weight = st.inverse_weight[k].data();
-    }
+    plan.weight_grads[k] = w;
   }
   operand_list ops;
   ops.read_from("dq_out", g.dq_out);
@@ -857,14 +812,7 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
   read_positions_and_angles(ops, positions, angles);
   add_weight_operands(ops, norm);
   check_overlaps(ops);
-  detail::run_rope_cpu(plan);
-  for (int k = 0; k < plan.num_blocks; ++k) {
-    auto* out = static_cast<float*>(weights[k].second->data);
-    const std::int64_t stride = weights[k].second->strides[0];
-    for (std::int64_t j = 0; j < D; ++j) {
-      out[j * stride] = static_cast<float>(st.weight_grad[k][static_cast<std::size_t>(j)]);
-    }
-  }
+  detail::run_plan(plan);
 }
 
 }  // namespace tilerope

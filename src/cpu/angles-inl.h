@@ -20,18 +20,18 @@ namespace hn = hwy::HWY_NAMESPACE;
 // ---- per-token angles ------------------------------------------------------------------------
 
 // Position id number `at` (i32 or i64).
-std::int64_t id_at(const rope_plan& p, std::int64_t at) {
+std::int64_t id_at(const cpu_plan& p, std::int64_t at) {
   return p.ids_type == dtype::i32 ? static_cast<const std::int32_t*>(p.ids)[at]
                                   : static_cast<const std::int64_t*>(p.ids)[at];
 }
 
-std::int64_t position_of(const rope_plan& p, std::int64_t b, std::int64_t s) {
+std::int64_t position_of(const cpu_plan& p, std::int64_t b, std::int64_t s) {
   if (p.ids == nullptr) return p.start + s;
   return id_at(p, b * p.ids_b + s * p.ids_s);
 }
 
 // Multi-axis positions (MRoPE, 2D vision): frequency i reads the position of its own axis.
-std::int64_t axis_position_of(const rope_plan& p, std::int64_t i, std::int64_t s) {
+std::int64_t axis_position_of(const cpu_plan& p, std::int64_t i, std::int64_t s) {
   return id_at(p, p.axis_of_frequency[i] * p.ids_axis + s);
 }
 
@@ -70,7 +70,7 @@ inline bool same_halves(const float* first, const float* second, std::int64_t ha
 }
 
 // The angle of frequency i at position `at`, and its cos and sin, one at a time (libm).
-void computed_angle(const rope_plan& p, std::int64_t at, std::int64_t i, float& c, float& sn) {
+void computed_angle(const cpu_plan& p, std::int64_t at, std::int64_t i, float& c, float& sn) {
   if (p.precision == angle_precision::accurate) {
     const double a = static_cast<double>(at) * p.inv_freq[i];
     c = static_cast<float>(std::cos(a) * p.attention_scaling);
@@ -93,7 +93,7 @@ void computed_angle(const rope_plan& p, std::int64_t at, std::int64_t i, float& 
 // cache, min ns per element): 0.165-0.175 to 0.097, where a table takes 0.071-0.081;
 // hf_compat 0.224-0.230 to 0.105; with AVX2 0.211-0.217 to 0.152-0.154 (a table 0.121-0.124).
 // In memory (T = 8192): 0.310-0.314 to 0.176-0.178, a table 0.167-0.170.
-void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float* ca, float* sa) {
+void computed_angles(const cpu_plan& p, std::int64_t s, std::int64_t pos, float* ca, float* sa) {
   const std::int64_t half = p.rotary_dim / 2;
   const bool accurate = p.precision == angle_precision::accurate;
   auto position_at = [&](std::int64_t i) {  // of frequency i
@@ -153,7 +153,7 @@ void computed_angles(const rope_plan& p, std::int64_t s, std::int64_t pos, float
 // The angles of token (b, s): straight out of an fp32 table or row when no conversion, plane
 // gather or sign change is needed, else through `scratch` (4 * r/2 floats). Backward takes
 // the transpose of the forward: ca, cb kept, (sa, sb) -> (-sb, -sa).
-token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, float* scratch) {
+token_angles angles_for(const cpu_plan& p, std::int64_t b, std::int64_t s, float* scratch) {
   const df32 d;
   const std::int64_t half = p.rotary_dim / 2;
   float* ca = scratch;
@@ -264,14 +264,14 @@ token_angles angles_for(const rope_plan& p, std::int64_t b, std::int64_t s, floa
 }
 
 // Per-thread scratch: 4 * r/2 angles, then two rows of head_dim fp32.
-float* thread_scratch(const rope_plan& p) {
+float* thread_scratch(const cpu_plan& p) {
   thread_local std::vector<float> scratch;
   return line_aligned(scratch, static_cast<std::size_t>(2 * p.rotary_dim + 2 * p.head_dim + 8));
 }
 
 // Per-thread rows (2 r floats) for a token's angles rearranged: in block order for bf16 halves
 // (QK RMSNorm's weights folded in), or expanded for adjacent pairs in output order.
-float* angle_rows_scratch(const rope_plan& p) {
+float* angle_rows_scratch(const cpu_plan& p) {
   thread_local std::vector<float> rows;
   return line_aligned(rows, static_cast<std::size_t>(2 * p.rotary_dim));
 }

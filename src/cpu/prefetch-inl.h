@@ -16,7 +16,7 @@ namespace tilerope::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // ---- software prefetch -----------------------------------------------------------------------
-// Each row's loop asks for the lines `ahead` bytes beyond the row (rope_plan::prefetch_bytes),
+// Each row's loop asks for the lines `ahead` bytes beyond the row (cpu_plan::prefetch_bytes),
 // in the same buffer: the rows further on in a contiguous tensor, which the hardware prefetcher
 // alone did not keep enough of in flight where a row's arithmetic is long against its bytes
 // (16-bit rows). Asked for a row at a time, spread among the rows' loads; asked for a whole

@@ -188,7 +188,7 @@ constexpr std::int64_t norm_group = 4;
 // eps >= 2^-100, as in group_inverse_rms_vector (Intel, decode of qk-norm-rope bf16, ns per
 // call: 893-969 to 876-896).
 template <class IO>
-HWY_INLINE void group_inverse_rms(df32 d, const rope_plan& p, const head_block& blk,
+HWY_INLINE void group_inverse_rms(df32 d, const cpu_plan& p, const cpu_block& blk,
                                   const typename IO::storage* in, std::int64_t h0, float* r) {
   const float inv_d = 1.0f / static_cast<float>(p.head_dim);
   for (std::int64_t g = h0; g < std::min(h0 + norm_group, blk.heads); ++g) {
@@ -220,7 +220,7 @@ HWY_INLINE hn::Vec<hn::Full128<float>> lane_sums4(df32 d, vf32 a, vf32 b, vf32 c
 }
 
 // r = 1 / sqrt(mean(x^2) + eps) of four heads from their vectors of squares, into r[0, 4).
-HWY_INLINE void store_inverse_rms4(df32 d, const rope_plan& p, const vf32* acc, float* r) {
+HWY_INLINE void store_inverse_rms4(df32 d, const cpu_plan& p, const vf32* acc, float* r) {
   const hn::Full128<float> d4;
   const auto mean = hn::Mul(lane_sums4(d, acc[0], acc[1], acc[2], acc[3]),
                             hn::Set(d4, 1.0f / static_cast<float>(p.head_dim)));
@@ -234,7 +234,7 @@ HWY_INLINE void store_inverse_rms4(df32 d, const rope_plan& p, const vf32* acc, 
 // flushes (each under 2^-126) then change mean + eps by less than half its ulp. Else
 // group_inverse_rms.
 template <class IO>
-HWY_INLINE void group_inverse_rms_vector(df32 d, const rope_plan& p, const head_block& blk,
+HWY_INLINE void group_inverse_rms_vector(df32 d, const cpu_plan& p, const cpu_block& blk,
                                          const typename IO::storage* in, std::int64_t h0,
                                          float* r) {
 #if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
@@ -299,7 +299,7 @@ struct folded_lane_pairs : folded_angles<NV> {
 // 831-876 to 802-815). Taking the next group's sums before this group's rotations measured
 // even (826-831 against 829-862).
 template <class IO, pairs PIn, pairs POut, int NV, bool LanePairs = false>
-HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
+HWY_NOINLINE void norm_rotate_block_held(df32 d, const cpu_plan& p, const cpu_block& blk,
                                          const typename IO::storage* in, typename IO::storage* out,
                                          const token_angles& a) {
   const std::int64_t half = p.rotary_dim / 2;
@@ -320,7 +320,7 @@ HWY_NOINLINE void norm_rotate_block_held(df32 d, const rope_plan& p, const head_
 }
 
 // Where one block's QK RMSNorm sums ahead leave off for the next (norm_rotate_block_ahead):
-// the block being taken (token, index in rope_plan::blocks) and the end of this
+// the block being taken (token, index in cpu_plan::blocks) and the end of this
 // thread's tokens, set by the caller; the block whose first groups' r are in inv_rms, and the
 // ring slot of its first group, set by norm_rotate_block_ahead.
 struct norm_stream {
@@ -375,7 +375,7 @@ constexpr std::int64_t norm_groups_ahead = 2;
 // (0.88 / 0.90 against 0.86 / 0.89), out of place 0.94 / 0.88 to 0.98 / 1.02; Qwen3-8B's rows
 // within 0.02 either way.
 template <class T, class Rows>
-HWY_INLINE void norm_rotate_block_ahead(df32 d, const rope_plan& p, const head_block& blk,
+HWY_INLINE void norm_rotate_block_ahead(df32 d, const cpu_plan& p, const cpu_block& blk,
                                         const T* in, T* out, const Rows& rows, norm_stream& st) {
   constexpr std::int64_t group = norm_group, ahead = norm_groups_ahead, slots = ahead + 1;
   static_assert(group == 4);  // store_inverse_rms4
@@ -386,7 +386,7 @@ HWY_INLINE void norm_rotate_block_ahead(df32 d, const rope_plan& p, const head_b
   auto group_rows = [&](std::int64_t g, std::int64_t& count, std::int64_t& stride) -> const T* {
     std::int64_t t = st.token;
     int k = st.block;
-    const head_block* b = &blk;
+    const cpu_block* b = &blk;
     std::int64_t bg = groups;
     while (g >= bg) {
       g -= bg;
@@ -575,7 +575,7 @@ struct bf16_rows_ahead {
 // of the lanes) take their sums two groups ahead inside the rotation's loop instead
 // (norm_rotate_block_ahead).
 template <class IO, pairs PIn, pairs POut, bool HfRound>
-HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& blk,
+HWY_INLINE void norm_rotate_block(df32 d, const cpu_plan& p, const cpu_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
                                   const token_angles& a, float* h, typename IO::storage* row_copy,
                                   [[maybe_unused]] norm_stream& st) {
@@ -585,7 +585,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
   constexpr std::int64_t group = norm_group;
   float inv_rms[2 * group];  // two groups' r: this one's and the next one's
   if constexpr (!HfRound) {
-    // 16-bit x where the plan says (rope_plan::held_16bit_norm_rows: on Intel); on Zen 4 with
+    // 16-bit x where the plan says (cpu_plan::held_16bit_norm_rows: on Intel); on Zen 4 with
     // 16-bit x in place it measured slower (bf16 in cache 0.177 to 0.216 ns per element),
     // though faster out of place
     const bool held_x = sizeof(T) == 4 || p.held_16bit_norm_rows;
@@ -708,7 +708,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const rope_plan& p, const head_block& 
 }
 
 template <class IO, pairs PIn, pairs POut, bool HfRound>
-void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
+void qk_norm_tokens_loop(const cpu_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
   float* scratch = thread_scratch(p);
@@ -717,8 +717,8 @@ void qk_norm_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t la
   norm_stream st;
   st.last = last;
   for_each_block<T>(p, first, last, scratch,
-                    [&](std::int64_t b, std::int64_t s, const token_angles& a,
-                        const head_block& blk, const T* in, T* out) {
+                    [&](std::int64_t b, std::int64_t s, const token_angles& a, const cpu_block& blk,
+                        const T* in, T* out) {
                       st.token = b * p.seq + s;
                       st.block = static_cast<int>(&blk - p.blocks);
                       norm_rotate_block<IO, PIn, POut, HfRound>(d, p, blk, in, out, a, h, row_copy,

@@ -69,8 +69,8 @@ struct run_rows {
     const T* x;
     T* dx;
   };
-  const rope_plan& p;
-  const head_block& blk;
+  const cpu_plan& p;
+  const cpu_block& blk;
   std::int64_t t, h = 0;  // the next row's token and head
   const T *g = nullptr, *x = nullptr;
   T* dx = nullptr;  // token t's first rows
@@ -104,7 +104,7 @@ struct held_scratch {
 // sc.angles (weighted_angles), in lane-pair order with LanePairs: out of line, one copy for
 // every held kernel.
 template <bool LanePairs>
-HWY_NOINLINE void weigh_token_angles(df32 d, const rope_plan& p, std::int64_t b, std::int64_t s,
+HWY_NOINLINE void weigh_token_angles(df32 d, const cpu_plan& p, std::int64_t b, std::int64_t s,
                                      const token_angles* given, const held_scratch& sc) {
   token_angles a = given != nullptr ? *given : angles_for(p, b, s, sc.token);
 #ifdef TILEROPE_LANE_PAIRS
@@ -121,7 +121,7 @@ HWY_NOINLINE void weigh_token_angles(df32 d, const rope_plan& p, std::int64_t b,
 //     sums:   q (staged in fp32, in L1),  r = 1 / sqrt(x.x / D + eps),  coef = r^3 q.x / D
 //     apply:  x read again (from L1),  dx = r q - coef x,  dw' += (r q) x
 // and the block's dw' over the run's rows becomes dw = dw' / w in fp64
-// (blk.inverse_weight, set where every weight folds: see head_block). A vector of pairs takes
+// (blk.inverse_weight, set where every weight folds: see cpu_block). A vector of pairs takes
 // 14 vector operations where there were 18 (the dot one FMA a half instead of a multiply and
 // an FMA; the apply three a half: r q, dw', and dx as one FNMA on r q), and 4 angle loads
 // where there were 2 (4 with full rows) and 4 weight loads. Intel, one thread, 32 + 8 heads of
@@ -158,7 +158,7 @@ HWY_NOINLINE void weigh_token_angles(df32 d, const rope_plan& p, std::int64_t b,
 // LanePairs (bf16 halves with AVX512-BF16, NV even): the rows, and the angles, in lane-pair
 // order.
 template <class IO, pairs PIn, pairs POut, int NV, bool LanePairs = false>
-HWY_NOINLINE void norm_backward_run_held(df32 d, const rope_plan& p, const head_block& blk,
+HWY_NOINLINE void norm_backward_run_held(df32 d, const cpu_plan& p, const cpu_block& blk,
                                          std::int64_t first, std::int64_t last,
                                          const token_angles* given, const held_scratch& sc,
                                          int chunk) {
@@ -278,7 +278,7 @@ HWY_NOINLINE void norm_backward_run_held(df32 d, const rope_plan& p, const head_
 
 // r = 1 / sqrt(sum(sq) / D + eps) and coef = r^3 sum(dot) / D of four heads from their vectors
 // of sums, into r[0, 4) and coef[0, 4): one vector square root and division on x86.
-HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq, const vf32* dot,
+HWY_INLINE void inverse_rms_and_coef4(df32 d, const cpu_plan& p, const vf32* sq, const vf32* dot,
                                       float* r, float* coef) {
   const float inv_d = 1.0f / static_cast<float>(p.head_dim);
 #if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
@@ -300,7 +300,7 @@ HWY_INLINE void inverse_rms_and_coef4(df32 d, const rope_plan& p, const vf32* sq
 // Weighted the block's weights wa, wb folded in, with Blocks in block order, into `ordered`
 // (4 r/2) where either; out of line, one copy for every kernel of rows summed ahead.
 template <bool Blocks, bool Weighted>
-HWY_NOINLINE token_angles ahead_token_angles(df32 d, const rope_plan& p, std::int64_t b,
+HWY_NOINLINE token_angles ahead_token_angles(df32 d, const cpu_plan& p, std::int64_t b,
                                              std::int64_t s, const token_angles* given,
                                              float* token_scratch, const float* wa, const float* wb,
                                              float* ordered) {
@@ -355,7 +355,7 @@ HWY_NOINLINE token_angles ahead_token_angles(df32 d, const rope_plan& p, std::in
 // 0.872 / 0.888; out of place bf16 0.592 / 0.597 to 0.665 / 0.667, f16 0.682 / 0.662 to 0.736 /
 // 0.738, f32 0.801 / 0.789 to 0.847 / 0.859; gemma3-4b 0.06 to 0.12 higher in every row.
 template <class IO, pairs PIn, pairs POut, bool Full, bool Blocks = false, bool Weighted = false>
-HWY_NOINLINE void norm_backward_run_ahead(df32 d, const rope_plan& p, const head_block& blk,
+HWY_NOINLINE void norm_backward_run_ahead(df32 d, const cpu_plan& p, const cpu_block& blk,
                                           std::int64_t first, std::int64_t last,
                                           const token_angles* given, float* token_scratch,
                                           float* rows, int chunk) {
@@ -580,15 +580,15 @@ HWY_NOINLINE void norm_backward_run_ahead(df32 d, const rope_plan& p, const head
 // memory (T = 8192, in place) bf16 0.315-0.347 to 0.277-0.330, f16 0.303-0.324 to 0.256-0.259,
 // f32 0.598-0.623 to 0.592-0.609; in cache (T = 16, out of place) bf16 0.308-0.328 to
 // 0.272-0.300, f16 0.291-0.295 to 0.238-0.241, f32 0.318-0.335 to 0.284-0.293.
-// Whether every block's weights fold into the angles (head_block::inverse_weight).
-inline bool every_weight_folds(const rope_plan& p) {
+// Whether every block's weights fold into the angles (cpu_block::inverse_weight).
+inline bool every_weight_folds(const cpu_plan& p) {
   for (int k = 0; k < p.num_blocks; ++k) {
     if (p.blocks[k].inverse_weight == nullptr) return false;
   }
   return true;
 }
 
-inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
+inline int norm_backward_held_vectors(const cpu_plan& p, std::int64_t lanes) {
   if (!every_weight_folds(p)) return 0;
   if (lanes < 16 || p.rotary_dim != p.head_dim) return 0;
   if (p.rotary_dim / 2 == 8 * lanes) return 8;
@@ -599,7 +599,7 @@ inline int norm_backward_held_vectors(const rope_plan& p, std::int64_t lanes) {
 // (norm_backward_held_vectors), through norm_backward_run_held. `given`: the angles of a run of
 // one token, else null (each token's are found). `rows`: qk_norm_backward_tokens_loop's.
 template <class IO, pairs PIn, pairs POut>
-HWY_INLINE void norm_backward_held(df32 d, const rope_plan& p, const head_block& blk, int held,
+HWY_INLINE void norm_backward_held(df32 d, const cpu_plan& p, const cpu_block& blk, int held,
                                    std::int64_t first, std::int64_t last, const token_angles* given,
                                    float* token_scratch, float* rows, int chunk) {
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
@@ -649,7 +649,7 @@ HWY_INLINE void norm_backward_held(df32 d, const rope_plan& p, const head_block&
 // Whether the backward's rows are summed ahead (norm_backward_run_ahead): whole vectors of
 // pairs, every dim rotated, and no row held (fewer than 16 lanes; AVX-512 keeps the staged
 // path for rows of 3, 5 to 7, or more than 8 vectors of pairs).
-inline bool norm_backward_sums_ahead(const rope_plan& p, std::int64_t lanes) {
+inline bool norm_backward_sums_ahead(const cpu_plan& p, std::int64_t lanes) {
   return lanes < 16 && p.rotary_dim == p.head_dim && p.rotary_dim / 2 % lanes == 0;
 }
 
@@ -657,7 +657,7 @@ inline bool norm_backward_sums_ahead(const rope_plan& p, std::int64_t lanes) {
 // `given`: the angles of a run of one token, else null (each token's are found, and none is a
 // full-width row unless the block's weights fold: see qk_norm_backward_tokens_loop).
 template <class IO, pairs PIn, pairs POut>
-HWY_INLINE void norm_backward_ahead(df32 d, const rope_plan& p, const head_block& blk,
+HWY_INLINE void norm_backward_ahead(df32 d, const cpu_plan& p, const cpu_block& blk,
                                     std::int64_t first, std::int64_t last,
                                     const token_angles* given, float* token_scratch, float* rows,
                                     int chunk) {
@@ -693,7 +693,7 @@ HWY_INLINE void norm_backward_ahead(df32 d, const rope_plan& p, const head_block
 }
 
 template <class IO, pairs PIn, pairs POut>
-HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block& blk,
+HWY_INLINE void norm_backward_block(df32 d, const cpu_plan& p, const cpu_block& blk,
                                     const typename IO::storage* g_in, typename IO::storage* dx_out,
                                     const typename IO::storage* x_in, const token_angles& a,
                                     float* rows, int chunk) {
@@ -757,7 +757,7 @@ HWY_INLINE void norm_backward_block(df32 d, const rope_plan& p, const head_block
 }
 
 template <class IO, pairs PIn, pairs POut>
-void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last,
+void qk_norm_backward_tokens_loop(const cpu_plan& p, std::int64_t first, std::int64_t last,
                                   int chunk) {
   using T = typename IO::storage;
   const df32 d;
@@ -794,7 +794,7 @@ void qk_norm_backward_tokens_loop(const rope_plan& p, std::int64_t first, std::i
   }
   for_each_block_in_runs<T>(
       p, first, last, token_scratch,
-      [&](std::int64_t b, std::int64_t s, const token_angles& a, const head_block& blk,
+      [&](std::int64_t b, std::int64_t s, const token_angles& a, const cpu_block& blk,
           const T* g_in, T* dx_out) {
         const std::int64_t t = b * p.seq + s;
         if (held != 0) {

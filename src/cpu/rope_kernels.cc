@@ -22,7 +22,7 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/rope_kernels.cc"
-#include "cpu/rope_plan.h"
+#include "cpu/cpu_plan.h"
 #include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
@@ -45,7 +45,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr std::int64_t min_streaming_bytes = 8 << 20;  // well past the L2 caches
 
 template <class IO>
-bool can_stream(const rope_plan& p) {
+bool can_stream(const cpu_plan& p) {
 #if HWY_TARGET <= HWY_AVX2
   using T = typename IO::storage;
   const df32 d;
@@ -64,7 +64,7 @@ bool can_stream(const rope_plan& p) {
   }
   std::int64_t bytes = 0;
   for (int k = 0; k < p.num_blocks; ++k) {
-    const head_block& b = p.blocks[k];
+    const cpu_block& b = p.blocks[k];
     if (b.in == b.out) return false;
     if (reinterpret_cast<std::uintptr_t>(b.out) % vector_bytes != 0) return false;
     for (std::int64_t stride : {b.out_b, b.out_s, b.out_h}) {
@@ -81,11 +81,11 @@ bool can_stream(const rope_plan& p) {
 }
 
 template <class IO, pairs PIn, pairs POut>
-void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
+void rope_tokens_layout(const cpu_plan& p, std::int64_t first, std::int64_t last, int chunk) {
   // QK RMSNorm streams when every dim rotates (pass dims are stored one element at a time)
   const bool norm_streams = p.qk_norm && p.rotary_dim == p.head_dim && can_stream<IO>(p);
   if (p.qk_norm && p.backward) {
-    // f16 without AVX-512 streams where the plan says (rope_plan::streams_f16_norm_backward: on
+    // f16 without AVX-512 streams where the plan says (cpu_plan::streams_f16_norm_backward: on
     // Intel) and stores normally elsewhere: on the AVX2 class (AMD EPYC), streamed, its backward
     // (norm_backward_run_ahead) measured 2.5 to 3 times slower with the scratch rows at some
     // offsets (mod 4 KiB) from the output, and no faster at the others (bench --only
@@ -127,7 +127,7 @@ void rope_tokens_layout(const rope_plan& p, std::int64_t first, std::int64_t las
 }
 
 template <class IO>
-void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
+void rope_tokens_typed(const cpu_plan& p, std::int64_t first, std::int64_t last, int chunk) {
   constexpr pairs H = pairs::halves, A = pairs::adjacent;
   if (p.in_pairs == H) {
     return p.out_pairs == H ? rope_tokens_layout<IO, H, H>(p, first, last, chunk)
@@ -137,7 +137,7 @@ void rope_tokens_typed(const rope_plan& p, std::int64_t first, std::int64_t last
                           : rope_tokens_layout<IO, A, A>(p, first, last, chunk);
 }
 
-void rope_tokens_impl(const rope_plan& p, std::int64_t first, std::int64_t last, int chunk) {
+void rope_tokens_impl(const cpu_plan& p, std::int64_t first, std::int64_t last, int chunk) {
   switch (p.x_type) {
     case dtype::f16:
       return rope_tokens_typed<f16_io>(p, first, last, chunk);
@@ -229,7 +229,7 @@ HWY_EXPORT(convert_f32_to_bf16_blocks_impl);
 HWY_EXPORT(convert_f32_to_bf16_pairs_impl);
 HWY_EXPORT(convert_16_to_f32_impl);
 
-void rope_tokens(const rope_plan& plan, std::int64_t first, std::int64_t last, int chunk) {
+void rope_tokens(const cpu_plan& plan, std::int64_t first, std::int64_t last, int chunk) {
   HWY_DYNAMIC_DISPATCH(rope_tokens_impl)(plan, first, last, chunk);
 }
 void convert_f32_to_16(dtype to, const float* in, std::uint16_t* out, std::int64_t n) {

@@ -25,19 +25,19 @@ namespace hn = hwy::HWY_NAMESPACE;
 // 0.193 to 0.147. Runs of 256 measured no better.
 constexpr int angle_run = 64;
 
-inline bool gathers_angles_in_runs(const rope_plan& p) {
+inline bool gathers_angles_in_runs(const cpu_plan& p) {
   return p.cos != nullptr && p.axis_of_frequency != nullptr;
 }
 
 // Per-thread scratch for a run's angles: angle_run slots of 4 * r/2 floats.
-float* run_scratch(const rope_plan& p) {
+float* run_scratch(const cpu_plan& p) {
   thread_local std::vector<float> scratch;
   return line_aligned(scratch, static_cast<std::size_t>(angle_run * 2 * p.rotary_dim));
 }
 
 // fn on one block's rows of token (b, s): its first head row in and out.
 template <class T, class Fn>
-HWY_INLINE void call_on_block(const head_block& blk, std::int64_t b, std::int64_t s,
+HWY_INLINE void call_on_block(const cpu_block& blk, std::int64_t b, std::int64_t s,
                               const token_angles& a, Fn& fn) {
   fn(b, s, a, blk, static_cast<const T*>(blk.in) + b * blk.in_b + s * blk.in_s,
      static_cast<T*>(blk.out) + b * blk.out_b + s * blk.out_s);
@@ -51,7 +51,7 @@ HWY_INLINE void call_on_block(const head_block& blk, std::int64_t b, std::int64_
 // prefetching the rows two tokens ahead measured slower (docs/performance.md), as did
 // prefetching MRoPE's table rows.
 template <class T, class Fn>
-HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int64_t last,
+HWY_INLINE void for_each_block(const cpu_plan& p, std::int64_t first, std::int64_t last,
                                float* angle_scratch, Fn&& fn) {
   auto blocks_of = [&](std::int64_t token, const token_angles& a) {
     const std::int64_t b = token / p.seq, s = token % p.seq;
@@ -87,7 +87,7 @@ HWY_INLINE void for_each_block(const rope_plan& p, std::int64_t first, std::int6
 constexpr std::int64_t block_run = 16;
 
 template <class T, class Fn>
-HWY_INLINE void for_each_block_in_runs(const rope_plan& p, std::int64_t first, std::int64_t last,
+HWY_INLINE void for_each_block_in_runs(const cpu_plan& p, std::int64_t first, std::int64_t last,
                                        float* angle_scratch, Fn&& fn) {
   if (gathers_angles_in_runs(p)) return for_each_block<T>(p, first, last, angle_scratch, fn);
   for (std::int64_t t0 = first; t0 < last; t0 += block_run) {
@@ -104,7 +104,7 @@ HWY_INLINE void for_each_block_in_runs(const rope_plan& p, std::int64_t first, s
 // Rows in output order (output_order_vectors, decided once per call) or through
 // rotate_block_rows.
 template <class IO, pairs PIn, pairs POut>
-void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last) {
+void rope_tokens_loop(const cpu_plan& p, std::int64_t first, std::int64_t last) {
   using T = typename IO::storage;
   const df32 d;
   float* scratch = thread_scratch(p);
@@ -119,7 +119,7 @@ void rope_tokens_loop(const rope_plan& p, std::int64_t first, std::int64_t last)
   [[maybe_unused]] std::int64_t expanded = -1;  // the token whose C and S rows are expanded
   for_each_block<T>(p, first, last, scratch,
                     [&]([[maybe_unused]] std::int64_t b, [[maybe_unused]] std::int64_t s,
-                        const token_angles& a, const head_block& blk, const T* in, T* out) {
+                        const token_angles& a, const cpu_block& blk, const T* in, T* out) {
 #if HWY_TARGET != HWY_SCALAR
                       if constexpr (PIn == POut) {
                         switch (ordered) {

@@ -36,7 +36,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // its reads for ownership (bench --only vision, out of place, ten alternations: bf16 0.49 to
 // 0.59 of the ceiling at one thread, 0.56 to 0.69 at two; f16 0.56 to 0.62 and 0.58 to 0.69).
 // Not streamed, bf16 with AVX512-BF16 takes rotate_block_lane_pairs_tail.
-inline int output_order_vectors(const rope_plan& p, std::int64_t lanes, bool streaming) {
+inline int output_order_vectors(const cpu_plan& p, std::int64_t lanes, bool streaming) {
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
   if (p.qk_norm || p.rotary_dim != D || p.in_pairs != p.out_pairs) return 0;
   if (p.in_pairs == pairs::halves && p.x_type != dtype::f32 && !streaming) return 0;
@@ -106,7 +106,7 @@ HWY_INLINE void rotate_row_output_order(df32 d, const typename IO::storage* x,
 }
 
 template <class IO, pairs P, int NV>
-HWY_NOINLINE void rotate_block_output_order(df32 d, const rope_plan& p, const head_block& blk,
+HWY_NOINLINE void rotate_block_output_order(df32 d, const cpu_plan& p, const cpu_block& blk,
                                             const typename IO::storage* in,
                                             typename IO::storage* out, const token_angles& a) {
   const output_angles<P, NV> f(d, a, p.rotary_dim / 2);
@@ -116,7 +116,7 @@ HWY_NOINLINE void rotate_block_output_order(df32 d, const rope_plan& p, const he
   }
 }
 #else
-inline int output_order_vectors(const rope_plan&, std::int64_t, bool) { return 0; }
+inline int output_order_vectors(const cpu_plan&, std::int64_t, bool) { return 0; }
 #endif
 
 // ---- adjacent pairs in output order, angle rows in L1 -----------------------------------------
@@ -135,7 +135,7 @@ inline int output_order_vectors(const rope_plan&, std::int64_t, bool) { return 0
 // measured 1.29 against 1.15 and keeps the split.
 #if HWY_TARGET != HWY_SCALAR
 template <class IO>
-inline bool takes_adjacent_rows(const rope_plan& p, std::int64_t lanes) {
+inline bool takes_adjacent_rows(const cpu_plan& p, std::int64_t lanes) {
   using plain = typename IO::plain;
   constexpr bool f16c = HWY_TARGET <= HWY_AVX2;
   if (std::is_same_v<plain, bf16_io> || (std::is_same_v<plain, f16_io> && !f16c)) return false;
@@ -161,7 +161,7 @@ HWY_INLINE void expand_adjacent_angles(df32 d, const token_angles& a, std::int64
 }
 
 template <class IO>
-HWY_NOINLINE void rotate_block_adjacent(df32 d, const rope_plan& p, const head_block& blk,
+HWY_NOINLINE void rotate_block_adjacent(df32 d, const cpu_plan& p, const cpu_block& blk,
                                         const typename IO::storage* in, typename IO::storage* out,
                                         const float* C, const float* S) {
   using T = typename IO::storage;
@@ -183,7 +183,7 @@ HWY_NOINLINE void rotate_block_adjacent(df32 d, const rope_plan& p, const head_b
 
 #else
 template <class IO>
-inline bool takes_adjacent_rows(const rope_plan&, std::int64_t) {
+inline bool takes_adjacent_rows(const cpu_plan&, std::int64_t) {
   return false;
 }
 #endif
@@ -191,7 +191,7 @@ inline bool takes_adjacent_rows(const rope_plan&, std::int64_t) {
 // The heads of one block (q or k) of one token. Full (four angle vectors or two) is decided
 // once per token.
 template <class IO, pairs PIn, pairs POut, bool Full>
-HWY_INLINE void rotate_block_rows(df32 d, const rope_plan& p, const head_block& blk,
+HWY_INLINE void rotate_block_rows(df32 d, const cpu_plan& p, const cpu_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
                                   const token_angles& a, typename IO::storage* row_copy) {
   using T = typename IO::storage;

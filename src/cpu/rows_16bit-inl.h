@@ -182,7 +182,7 @@ struct held_angles {
 // LanePairs (bf16 halves with AVX512-BF16, NV even): the rows in lane-pair order, `a` already
 // in it.
 template <class IO, pairs PIn, pairs POut, bool Full, int NV, bool LanePairs = false>
-HWY_NOINLINE void rotate_block_held(df32 d, const rope_plan& p, const head_block& blk,
+HWY_NOINLINE void rotate_block_held(df32 d, const cpu_plan& p, const cpu_block& blk,
                                     const typename IO::storage* in, typename IO::storage* out,
                                     const token_angles& a) {
   using T = typename IO::storage;
@@ -219,7 +219,7 @@ inline bool takes_lane_pairs_tail(std::int64_t half, std::int64_t lanes) {
 }
 
 template <class IO, bool Full>
-HWY_NOINLINE void rotate_block_lane_pairs_tail(df32 d, const rope_plan& p, const head_block& blk,
+HWY_NOINLINE void rotate_block_lane_pairs_tail(df32 d, const cpu_plan& p, const cpu_block& blk,
                                                const std::uint16_t* in, std::uint16_t* out,
                                                const token_angles& a) {
   const auto n = static_cast<std::int64_t>(hn::Lanes(d));
@@ -351,7 +351,7 @@ HWY_INLINE void widen_bf16_pairs_blocks(df32 d, hn::Vec<du32_t> p0, hn::Vec<du32
 // layout's forward), r/2 a multiple of n and at least 2n; with QK RMSNorm (fp32_once, forward)
 // halves in and every dim rotated.
 template <class IO>
-inline bool takes_bf16_blocks(const rope_plan& p, std::int64_t lanes) {
+inline bool takes_bf16_blocks(const cpu_plan& p, std::int64_t lanes) {
   if (p.qk_norm &&
       (p.backward || p.hf_rounding || p.rotary_dim != p.head_dim || p.in_pairs != pairs::halves)) {
     return false;
@@ -474,7 +474,7 @@ HWY_INLINE void rotate_row_bf16_pairs_in_place(df32 d, std::uint16_t* y, const t
 
 #else
 template <class IO>
-inline bool takes_bf16_blocks(const rope_plan&, std::int64_t) {
+inline bool takes_bf16_blocks(const cpu_plan&, std::int64_t) {
   return false;
 }
 #endif

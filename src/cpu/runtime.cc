@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "cpu/rope_plan.h"
+#include "cpu/cpu_plan.h"
 #include "hwy/targets.h"
 #include "tilerope/error.h"
 
@@ -92,18 +92,6 @@ std::int64_t default_prefetch_bytes() {
 
 void force_target(std::string_view name);
 
-void apply_env_target() {
-  std::call_once(env_target_once, [] {
-    if (const char* env = std::getenv("TILEROPE_CPU_TARGET"); env && *env) {
-      try {
-        force_target(env);
-      } catch (const error& e) {
-        throw error(std::string("TILEROPE_CPU_TARGET: ") + e.what());
-      }
-    }
-  });
-}
-
 }  // namespace
 
 void set_num_threads(int n) {
@@ -183,7 +171,7 @@ void force_target(std::string_view name) {
 }  // namespace
 
 std::string cpu_target() {
-  apply_env_target();
+  detail::apply_env_target();
   const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
   return name_of(targets & -targets);
 }
@@ -192,32 +180,16 @@ std::string_view version() { return "0.1.0"; }
 
 namespace detail {
 
-// Below this many elements of q and k a call runs on the calling thread: waking a team
-// costs more than the work (a decode step is a few thousand elements).
-constexpr std::int64_t min_parallel_elements = 1 << 18;
-
-// A parallel call's tokens go in up to this many blocks per thread, taken by whichever thread
-// is free: a thread the machine slows down then holds up the call by one block, not by its
-// half. Measured (one loop calling the library, two threads, 32 + 8 heads of 128, T = 8192,
-// in memory, the two alternated six times; median of each run's median, ns per element):
-// QK RMSNorm bf16 in place 0.235 with halves fixed per thread, 0.160 in blocks; rope-neox bf16
-// 0.099 and 0.083, f32 out of place 0.262 and 0.215. The fastest runs were the same (0.106
-// and 0.107 for QK RMSNorm): the blocks help when the machine is shared.
-constexpr std::int64_t blocks_per_thread = 16;
-
-// Elements of q and k in one call.
-std::int64_t elements_of(const rope_plan& plan) {
-  std::int64_t heads = 0;
-  for (int k = 0; k < plan.num_blocks; ++k) heads += plan.blocks[k].heads;
-  return plan.tokens() * heads * plan.head_dim;
-}
-
-std::int64_t token_blocks(const rope_plan& plan) {
-  const std::int64_t tokens = plan.tokens();
-  const std::int64_t elements = elements_of(plan);
-  const std::int64_t threads = std::min<std::int64_t>(num_threads(), tokens);
-  if (threads <= 1 || elements < min_parallel_elements) return 1;
-  return std::min<std::int64_t>(tokens, blocks_per_thread * threads);
+void apply_env_target() {
+  std::call_once(env_target_once, [] {
+    if (const char* env = std::getenv("TILEROPE_CPU_TARGET"); env && *env) {
+      try {
+        force_target(env);
+      } catch (const error& e) {
+        throw error(std::string("TILEROPE_CPU_TARGET: ") + e.what());
+      }
+    }
+  });
 }
 
 bool intel_cpu() {
@@ -259,36 +231,6 @@ bool native_bf16() {
 #else
   return false;
 #endif
-}
-
-void run_rope_cpu(rope_plan& plan) {
-  apply_env_target();
-  const std::int64_t tokens = plan.tokens();
-  if (tokens == 0) return;
-  // a problem small enough for one thread is read from cache: prefetching would only cost
-  // (decode, T = 1, Qwen3-8B heads, Intel: rope-neox f32 346 to 387 ns with 2048 bytes)
-  if (elements_of(plan) < min_parallel_elements) plan.prefetch_bytes = 0;
-  const std::int64_t blocks = token_blocks(plan);
-  if (blocks == 1) {
-    rope_tokens(plan, 0, tokens, 0);
-    return;
-  }
-  // Block b holds tokens [T b / n, T (b + 1) / n) and sums its weight-gradient terms into
-  // chunk b, so the sums do not depend on which thread took which block.
-  const int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), tokens));
-  std::atomic<std::int64_t> next{0};
-#pragma omp parallel num_threads(threads)
-  for (std::int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) {
-    rope_tokens(plan, tokens * b / blocks, tokens * (b + 1) / blocks, static_cast<int>(b));
-  }
-  // weight gradients: the chunks added in a fixed order into chunk 0
-  for (int k = 0; k < plan.num_blocks; ++k) {
-    double* g = plan.blocks[k].weight_grad;
-    if (g == nullptr) continue;
-    for (std::int64_t c = 1; c < blocks; ++c) {
-      for (std::int64_t j = 0; j < plan.head_dim; ++j) g[j] += g[c * plan.head_dim + j];
-    }
-  }
 }
 
 }  // namespace detail

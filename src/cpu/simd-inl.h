@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/rope_plan.h"
+#include "cpu/cpu_plan.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
