@@ -4,33 +4,24 @@
 #include <cstring>
 #include <string>
 
+#include "core/enum_names.h"
 #include "tilerope/error.h"
 
 namespace tilerope {
 
-std::string_view to_string(dtype t) {
-  switch (t) {
-    case dtype::f32:
-      return "f32";
-    case dtype::f16:
-      return "f16";
-    case dtype::bf16:
-      return "bf16";
-    case dtype::i32:
-      return "i32";
-    case dtype::i64:
-      return "i64";
-  }
-  return "?";
-}
+namespace {
+constexpr detail::enum_name<dtype> dtype_names[] = {
+    {dtype::f32, "f32"},           {dtype::f16, "f16"},
+    {dtype::bf16, "bf16"},         {dtype::i32, "i32"},
+    {dtype::i64, "i64"},           {dtype::f32, "float32", true},
+    {dtype::f16, "float16", true}, {dtype::bf16, "bfloat16", true},
+    {dtype::i32, "int32", true},   {dtype::i64, "int64", true}};
+}  // namespace
+
+std::string_view to_string(dtype t) { return detail::name_of(dtype_names, t); }
 
 dtype dtype_from_string(std::string_view name) {
-  if (name == "f32" || name == "float32") return dtype::f32;
-  if (name == "f16" || name == "float16") return dtype::f16;
-  if (name == "bf16" || name == "bfloat16") return dtype::bf16;
-  if (name == "i32" || name == "int32") return dtype::i32;
-  if (name == "i64" || name == "int64") return dtype::i64;
-  throw error("dtype '" + std::string(name) + "' is not one of f32, f16, bf16, i32, i64");
+  return detail::value_named(dtype_names, name, "dtype");
 }
 
 namespace {

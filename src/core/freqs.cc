@@ -5,18 +5,20 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/enum_names.h"
 #include "tilerope/error.h"
 
 namespace tilerope {
 
-std::string_view to_string(angle_precision p) {
-  return p == angle_precision::accurate ? "accurate" : "hf_compat";
-}
+namespace {
+constexpr detail::enum_name<angle_precision> precision_names[] = {
+    {angle_precision::accurate, "accurate"}, {angle_precision::hf_compat, "hf_compat"}};
+}  // namespace
+
+std::string_view to_string(angle_precision p) { return detail::name_of(precision_names, p); }
 
 angle_precision angle_precision_from_string(std::string_view name) {
-  if (name == "accurate") return angle_precision::accurate;
-  if (name == "hf_compat") return angle_precision::hf_compat;
-  throw error("angle precision '" + std::string(name) + "' is not one of accurate, hf_compat");
+  return detail::value_named(precision_names, name, "angle precision");
 }
 
 namespace {

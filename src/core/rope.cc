@@ -10,6 +10,7 @@
 #include <iterator>
 #include <string>
 
+#include "core/enum_names.h"
 #include "core/overlap.h"
 #include "core/rope_plan.h"
 #include "tilerope/error.h"
@@ -17,12 +18,24 @@
 
 namespace tilerope {
 
-std::string_view to_string(rope_style s) { return s == rope_style::neox ? "neox" : "gptj"; }
+namespace {
+constexpr detail::enum_name<rope_style> style_names[] = {{rope_style::neox, "neox"},
+                                                         {rope_style::gptj, "gptj"}};
+constexpr detail::enum_name<mrope_layout> mrope_layout_names[] = {
+    {mrope_layout::chunked, "chunked"}, {mrope_layout::interleaved, "interleaved"}};
+constexpr detail::enum_name<rope_output_layout> output_layout_names[] = {
+    {rope_output_layout::as_input, "as_input"},
+    {rope_output_layout::split_half, "split_half"},
+    {rope_output_layout::as_input, "interleaved", true},
+    {rope_output_layout::split_half, "split-half", true}};
+constexpr detail::enum_name<qk_norm_rounding> rounding_names[] = {
+    {qk_norm_rounding::fp32_once, "fp32_once"}, {qk_norm_rounding::hf_qwen3, "hf_qwen3"}};
+}  // namespace
+
+std::string_view to_string(rope_style s) { return detail::name_of(style_names, s); }
 
 rope_style rope_style_from_string(std::string_view name) {
-  if (name == "neox") return rope_style::neox;
-  if (name == "gptj") return rope_style::gptj;
-  throw error("style '" + std::string(name) + "' is not one of neox, gptj");
+  return detail::value_named(style_names, name, "style");
 }
 
 rope_positions rope_positions::from_ids(const tensor_view& ids) {
@@ -48,14 +61,10 @@ rope_positions rope_positions::from_axes(const tensor_view& ids,
   return p;
 }
 
-std::string_view to_string(mrope_layout l) {
-  return l == mrope_layout::chunked ? "chunked" : "interleaved";
-}
+std::string_view to_string(mrope_layout l) { return detail::name_of(mrope_layout_names, l); }
 
 mrope_layout mrope_layout_from_string(std::string_view name) {
-  if (name == "chunked") return mrope_layout::chunked;
-  if (name == "interleaved") return mrope_layout::interleaved;
-  throw error("mrope layout '" + std::string(name) + "' is not one of chunked, interleaved");
+  return detail::value_named(mrope_layout_names, name, "mrope layout");
 }
 
 std::vector<int> mrope_axis_map(const std::array<int, 3>& section, mrope_layout layout) {
@@ -141,15 +150,10 @@ rope_angles rope_angles::from_token_rows(const tensor_view& cos, const tensor_vi
   return a;
 }
 
-std::string_view to_string(rope_output_layout l) {
-  return l == rope_output_layout::as_input ? "as_input" : "split_half";
-}
+std::string_view to_string(rope_output_layout l) { return detail::name_of(output_layout_names, l); }
 
 rope_output_layout rope_output_layout_from_string(std::string_view name) {
-  if (name == "as_input" || name == "interleaved") return rope_output_layout::as_input;
-  if (name == "split_half" || name == "split-half") return rope_output_layout::split_half;
-  throw error("output layout '" + std::string(name) +
-              "' is not one of as_input (interleaved), split_half");
+  return detail::value_named(output_layout_names, name, "output layout");
 }
 
 namespace {
@@ -717,14 +721,10 @@ void rope_apply(rope_style style, const rope_tensors& x, const rope_angles& angl
   rope_apply(style, x, rope_positions::none(), angles, options);
 }
 
-std::string_view to_string(qk_norm_rounding r) {
-  return r == qk_norm_rounding::fp32_once ? "fp32_once" : "hf_qwen3";
-}
+std::string_view to_string(qk_norm_rounding r) { return detail::name_of(rounding_names, r); }
 
 qk_norm_rounding qk_norm_rounding_from_string(std::string_view name) {
-  if (name == "fp32_once") return qk_norm_rounding::fp32_once;
-  if (name == "hf_qwen3") return qk_norm_rounding::hf_qwen3;
-  throw error("qk-norm rounding '" + std::string(name) + "' is not one of fp32_once, hf_qwen3");
+  return detail::value_named(rounding_names, name, "qk-norm rounding");
 }
 
 void qk_norm_rope_apply(rope_style style, const rope_tensors& x, const rope_positions& positions,

@@ -16,41 +16,28 @@
 #include <tuple>
 #include <utility>
 
+#include "core/enum_names.h"
 #include "tilerope/error.h"
 
 namespace tilerope {
 
-std::string_view to_string(rope_scaling_type t) {
-  switch (t) {
-    case rope_scaling_type::none:
-      return "default";
-    case rope_scaling_type::linear:
-      return "linear";
-    case rope_scaling_type::dynamic:
-      return "dynamic";
-    case rope_scaling_type::yarn:
-      return "yarn";
-    case rope_scaling_type::longrope:
-      return "longrope";
-    case rope_scaling_type::llama3:
-      return "llama3";
-    case rope_scaling_type::proportional:
-      return "proportional";
-  }
-  return "?";
-}
+namespace {
+constexpr detail::enum_name<rope_scaling_type> scaling_names[] = {
+    {rope_scaling_type::none, "default"},
+    {rope_scaling_type::linear, "linear"},
+    {rope_scaling_type::dynamic, "dynamic"},
+    {rope_scaling_type::yarn, "yarn"},
+    {rope_scaling_type::longrope, "longrope"},
+    {rope_scaling_type::llama3, "llama3"},
+    {rope_scaling_type::proportional, "proportional"},
+    {rope_scaling_type::longrope, "su", true},  // Phi-3's first configs
+    {rope_scaling_type::none, "mrope", true}};  // Qwen2-VL: the default frequencies
+}  // namespace
+
+std::string_view to_string(rope_scaling_type t) { return detail::name_of(scaling_names, t); }
 
 rope_scaling_type rope_scaling_type_from_string(std::string_view name) {
-  if (name == "default" || name == "mrope") return rope_scaling_type::none;
-  if (name == "linear") return rope_scaling_type::linear;
-  if (name == "dynamic") return rope_scaling_type::dynamic;
-  if (name == "yarn") return rope_scaling_type::yarn;
-  if (name == "longrope" || name == "su") return rope_scaling_type::longrope;
-  if (name == "llama3") return rope_scaling_type::llama3;
-  if (name == "proportional") return rope_scaling_type::proportional;
-  throw error("rope_type '" + std::string(name) +
-              "' is not one of default, linear, dynamic, yarn, longrope, llama3, proportional (or "
-              "the legacy su, mrope)");
+  return detail::value_named(scaling_names, name, "rope_type");
 }
 
 namespace {

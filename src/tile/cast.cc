@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/enum_names.h"
 #include "tile/tile_internal.h"
 #include "tilerope/error.h"
 #include "tilerope/tile.h"
@@ -61,21 +62,16 @@ void eval_cast(const node& n, const region& r, float* out) {
 
 }  // namespace detail
 
-std::string_view to_string(cast_mode m) {
-  switch (m) {
-    case cast_mode::rint:
-      return "rint";
-    case cast_mode::round:
-      return "round";
-    case cast_mode::floor:
-      return "floor";
-    case cast_mode::ceil:
-      return "ceil";
-    case cast_mode::trunc:
-      return "trunc";
-  }
-  return "?";
-}
+namespace {
+constexpr ::tilerope::detail::enum_name<cast_mode> cast_mode_names[] = {
+    {cast_mode::rint, "rint"},
+    {cast_mode::round, "round"},
+    {cast_mode::floor, "floor"},
+    {cast_mode::ceil, "ceil"},
+    {cast_mode::trunc, "trunc"}};
+}  // namespace
+
+std::string_view to_string(cast_mode m) { return ::tilerope::detail::name_of(cast_mode_names, m); }
 
 value cast(const value& x, dtype to, cast_mode mode) {
   const auto& xn = detail::input_node(x, "cast");
