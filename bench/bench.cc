@@ -115,8 +115,8 @@ void for_chunks(std::size_t n, int threads, F&& f) {
 
 // How a ceiling loop moves its bytes: stores normal or streaming (a copy), and with or without
 // a software prefetch of the line `ceiling_prefetch_bytes` beyond each line of every buffer it
-// reads (as the kernels read their rows, tilerope::prefetch_bytes()). On the Intel machine the
-// in-place loop moved 20 GB/s without and 24 with it: the fastest of the forms is the ceiling.
+// reads (as the kernels read their rows, tilerope::prefetch_bytes()). Which is faster depends
+// on the machine (docs/performance.md, "Method"): the fastest of the forms is the ceiling.
 struct loop_form {
   bool streaming = false, prefetch = false;
 };
@@ -613,10 +613,10 @@ problem make_problem(kernel_kind kind, const shape_case& s, dtype t, bool inplac
 }
 
 // The ceiling loops over a problem's own buffers (problem::spans: the same physical bytes the
-// kernel moves; on the Intel machine the same loop over separate buffers of the same size,
-// alternated in one process, ran up to a fifth faster or slower, by allocation), each in its
-// fastest form here (loop_form: for a copy normal or streaming stores, and with or without
-// software prefetch), decided once per pattern, size and threads from three runs of each.
+// kernel moves; the same loop over other buffers of the same size can run faster or slower,
+// by allocation), each in its fastest form here (loop_form: for a copy normal or streaming
+// stores, and with or without software prefetch), decided once per pattern, size and threads
+// from three runs of each.
 struct ceilings {
   std::map<std::tuple<int, std::size_t, int>, loop_form> fastest;
 
@@ -904,10 +904,10 @@ int run_bench(const bench_options& o) {
   }
   // linearity: time per element of rope-neox bf16 in place, one thread, T = 1024 .. 32768,
   // every length (and its ceiling) timed once per round, so that all see the same machine;
-  // twice the rounds of a row (a single row's median moved by 2x between runs). Every length's
-  // q and k are the first bytes of the same two regions of one allocation, so that the lengths
-  // share their memory (on the Intel machine a loop over one allocation ran up to a fifth
-  // faster or slower than over another of the same size)
+  // twice the rounds of a row (a single row's median moves widely between runs). Every
+  // length's q and k are the first bytes of the same two regions of one allocation, so that
+  // the lengths share their memory (a loop over one allocation can run faster or slower than
+  // over another of the same size)
   std::vector<std::int64_t> lengths = {1024, 4096, 8192, 32768};
   if (o.quick) lengths = {1024, 8192};
   if (selected(o, "rope-neox-scale")) {

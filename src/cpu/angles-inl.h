@@ -88,11 +88,8 @@ void computed_angle(const cpu_plan& p, std::int64_t at, std::int64_t i, float& c
 // product p inv_freq, its cos and sin times the attention scaling, rounded once to fp32;
 // hf_compat, the fp32 product (exact in fp64, rounded to fp32), cos and sin rounded to fp32,
 // times the fp32 scaling, rounded to the x dtype. Vectors with an angle past
-// max_reduced_angle or a position past 2^31 take computed_angle. Against computed_angle for
-// every frequency (Intel, one thread, rope-neox bf16 in place, 32 + 8 heads of 128, T = 64 in
-// cache, min ns per element): 0.165-0.175 to 0.097, where a table takes 0.071-0.081;
-// hf_compat 0.224-0.230 to 0.105; with AVX2 0.211-0.217 to 0.152-0.154 (a table 0.121-0.124).
-// In memory (T = 8192): 0.310-0.314 to 0.176-0.178, a table 0.167-0.170.
+// max_reduced_angle or a position past 2^31 take computed_angle; taken for every frequency,
+// computed_angle (libm) doubled rope's time (docs/performance.md, "Performance decisions").
 void computed_angles(const cpu_plan& p, std::int64_t s, std::int64_t pos, float* ca, float* sa) {
   const std::int64_t half = p.rotary_dim / 2;
   const bool accurate = p.precision == angle_precision::accurate;
@@ -100,7 +97,7 @@ void computed_angles(const cpu_plan& p, std::int64_t s, std::int64_t pos, float*
     return p.axis_of_frequency ? axis_position_of(p, i, s) : pos;
   };
   std::int64_t i = 0;
-#if HWY_TARGET != HWY_SCALAR  // one lane: libm is as fast (1.00 against 1.06 ns per element)
+#if HWY_TARGET != HWY_SCALAR  // one lane: libm is as fast
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;  // as many fp32 lanes, half a vector
   const auto n = static_cast<std::int64_t>(hn::Lanes(dd));
@@ -308,12 +305,9 @@ struct memory_angles {
 // A row of NV whole vectors of pairs, each transformed by `pre(v, second, i)` (no_pre, or QK
 // RMSNorm's x r: scaled_by), rotated through `f` and stored. The whole row is loaded
 // before any of it is stored when it is in place with a changed layout (so that no copy of the
-// row is needed) and when x is 16-bit; an f32 row loads each vector of pairs as it is rotated.
-// Measured in memory (one thread, 32 + 8 heads of 128, T = 8192, ns per element), 16-bit out
-// of place gains most: rope-neox bf16 0.162 to 0.134, f16 0.153 to 0.116, rope-gptj bf16 0.294
-// to 0.126, f16 0.239 to 0.161, backward bf16 0.169 to 0.130; in place bf16 0.089 to 0.085
-// (QK RMSNorm: norm_rotate_row_vectors). For f32 the whole row first was slower: rope-gptj out
-// of place 0.241 to 0.365, interleave out of place 0.39 against 0.29 loaded as rotated.
+// row is needed) and when x is 16-bit, so that a streamed row has no loads between its stores;
+// for f32 the whole row first measured slower, and an f32 row loads each vector of pairs as it
+// is rotated (docs/performance.md, "Performance decisions").
 template <class IO, pairs PIn, pairs POut, int NV, class Angles, class Pre>
 HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typename IO::storage* y,
                                    const Angles& f, std::int64_t half, Pre pre) {
@@ -346,7 +340,7 @@ HWY_INLINE void rotate_row_vectors(df32 d, const typename IO::storage* x, typena
 // the first stores reach only vectors already read, the second only the row's later half, read
 // before any store. Halves in, pairs out: vector v stores y[2vn, 2(v+1)n), reaching the first
 // half (read before any store) or second-half vectors up to v, already read. Without it the
-// row was copied first (readable_row).
+// row was copied first (readable_row; docs/performance.md, "Performance decisions").
 template <class IO, pairs PIn, pairs POut, int NV, class Angles>
 HWY_INLINE void rotate_row_in_place_half_held(df32 d, typename IO::storage* y, const Angles& f,
                                               std::int64_t half) {
@@ -386,9 +380,8 @@ HWY_INLINE void rotate_row_in_place_half_held(df32 d, typename IO::storage* y, c
 }
 
 // bf16 pairs in (the interleaved layout's forward) does not take it: its eight held vectors
-// were kept on the stack (objdump), and bench --only interleave read it slower in memory (0.45
-// / 0.51 against 0.52 / 0.61 of the ceiling, one / two threads, three alternations); with
-// AVX2 and SSE4 it takes rotate_row_bf16_pairs_in_place.
+// were kept on the stack (objdump), and it measured slower in memory; with AVX2 and SSE4 it
+// takes rotate_row_bf16_pairs_in_place.
 template <class IO, pairs PIn>
 constexpr bool takes_half_held() {
   return !(std::is_same_v<typename IO::plain, bf16_io> && PIn == pairs::adjacent);

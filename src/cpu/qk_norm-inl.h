@@ -96,15 +96,9 @@ HWY_INLINE void norm_rotate_row(df32 d, const typename IO::storage* x, typename 
 // of it is stored (rotate_row_vectors), each vector of pairs scaled by r and rotated through
 // the angles with the block's weights folded in (fold_weights, once per token and block):
 //     y_a = (x_a r) (wa ca) - (x_b r) (wb sa),   y_b = (x_b r) (wb cb) + (x_a r) (wa sb)
-// as the f32 rows' folded_angles, two multiplies fewer per vector of pairs than x r w (in
-// cache, one thread, 32 + 8 heads of 128, T = 32, minimum of five or eight alternated runs:
-// f16 0.165 to 0.147 ns per element in place, 0.163 to 0.150 out of place; bf16 even, 0.153
-// to 0.157 either way).
-// Measured in memory against the pair-at-a-time row (one thread, 32 + 8 heads of 128,
-// T = 8192, ns per element, the two alternated): out of place with streaming stores, bf16
-// 0.229 to 0.203 with x and y at the same offset in their pages, 0.279 to 0.239 with x 16
-// bytes off a cache line (f16 0.298 to 0.231); with plain stores (y off a line) 0.244 and
-// 0.242; in place 0.204 and 0.204.
+// as the f32 rows' folded_angles, two multiplies fewer per vector of pairs than x r w; loaded
+// whole, a streamed row has no loads between its stores (docs/performance.md, "Performance
+// decisions").
 template <class IO, pairs PIn, pairs POut, int NV>
 HWY_INLINE void norm_rotate_row_vectors(df32 d, const typename IO::storage* x,
                                         typename IO::storage* y, const token_angles& folded,
@@ -148,10 +142,8 @@ HWY_INLINE token_angles fold_weights(df32 d, const token_angles& a, const float*
 // fold_weights and block_ordered in one pass (r/2 a multiple of 2n), and whether every folded
 // angle is at most `bound` in magnitude, NaN not: the largest of their bits with the sign
 // shifted out, as u32 (that order is the order of magnitudes, NaN above all), against the
-// bound's. Three passes over the rows before (the bound checked by Le and Abs over the stored
-// rows): AVX2 on Intel, one thread, bf16 in place in cache, medians of three alternations,
-// gemma3-4b's heads (T = 5) 0.226-0.237 to 0.204-0.222 ns per element, Qwen3-8B's (T = 8)
-// 0.203-0.209 to 0.191-0.201.
+// bound's. One pass over the rows where there were three (the bound checked by Le and Abs over
+// the stored rows).
 HWY_INLINE token_angles folded_in_block_order(df32 d, const token_angles& a, const float* wa,
                                               const float* wb, std::int64_t half, float* rows,
                                               float bound, bool& within) {
@@ -185,8 +177,7 @@ constexpr std::int64_t norm_group = 4;
 
 // r = 1 / sqrt(mean(x^2) + eps) of the block's heads [h0, h0 + norm_group) (fewer at its end)
 // into r: independent sums, so that their latency overlaps. bf16 squares by vdpbf16ps where
-// eps >= 2^-100, as in group_inverse_rms_vector (Intel, decode of qk-norm-rope bf16, ns per
-// call: 893-969 to 876-896).
+// eps >= 2^-100, as in group_inverse_rms_vector.
 template <class IO>
 HWY_INLINE void group_inverse_rms(df32 d, const cpu_plan& p, const cpu_block& blk,
                                   const typename IO::storage* in, std::int64_t h0, float* r) {
@@ -291,13 +282,9 @@ struct folded_lane_pairs : folded_angles<NV> {
 
 // QK RMSNorm + RoPE (fp32_once) of one block of one token whose rows are NV whole vectors of
 // pairs, through folded_angles held in registers; the sums in groups of four heads, each
-// reduced on its own (reduced together as in norm_rotate_block, the held angles were spilled:
-// f32 in cache 0.130 to 0.153 ns per element; bf16 decode 864-897 to 883-910 ns per call).
+// reduced on its own (reduced together, as in norm_rotate_block, they spilled the held angles).
 // Out of line: inlined there, its registers were spilled for 16-bit x. LanePairs: the rows in
-// lane-pair order (bf16 halves with AVX512-BF16, NV even), as rope's held rows (Intel, decode:
-// one thread, T = 1, 32 + 8 heads of 128, in place, median ns per call, five alternations:
-// 831-876 to 802-815). Taking the next group's sums before this group's rotations measured
-// even (826-831 against 829-862).
+// lane-pair order (bf16 halves with AVX512-BF16, NV even), as rope's held rows.
 template <class IO, pairs PIn, pairs POut, int NV, bool LanePairs = false>
 HWY_NOINLINE void norm_rotate_block_held(df32 d, const cpu_plan& p, const cpu_block& blk,
                                          const typename IO::storage* in, typename IO::storage* out,
@@ -340,23 +327,14 @@ struct norm_stream {
 // past it the blocks that follow), a step at a time, so that the sums need no loop of their
 // own and their latency has two groups of rows to hide in. A thread's first two groups' sums
 // are taken first, in the same order, so that a row's r does not depend on where it is summed.
-// Against norm_rotate_block's own loop of sums, one group ahead
-// (AVX2, one thread, 32 + 8 heads of 128, in place, minimum ns per element over three
-// alternations): in cache (T = 16) f32 0.216 to 0.183, bf16 0.281 to 0.252, f16 0.221 to
-// 0.194; in memory (T = 8192) bf16 0.325 to 0.292-0.315. Taken one group ahead, bf16 in cache was
-// 0.264; two rows rotated together (their angle and weight loads shared), or the four rows of
-// a group summed in one loop, measured slower in memory (f32 0.43 against 0.36, and 0.48
-// against 0.39): this machine streams one row at a time best.
+// Two rows rotated together (their angle and weight loads shared), or the four rows of a group
+// summed in one loop, measured slower in memory: rows stream best one at a time.
 // With AVX-512 the rows not held in registers take it too (16-bit and f32 rows of neither 1, 2
 // nor 4 vectors of pairs: head dim 256), where they took norm_rotate_block's own loop, whose
-// next group's sums read four rows in a burst at each group's start. Intel, bench --only
-// qk-norm-rope, gemma3-4b, three alternations, medians, one / two threads: in place bf16 0.73 /
-// 0.72 to 0.75 / 0.76 of the ceiling, f16 0.77 / 0.81 to 0.80 / 0.81, f32 0.86 / 0.92 to 0.92
-// / 0.91; out of place bf16 0.88 / 0.86 to 0.96 / 0.91, f16 0.93 / 0.94 to 0.98 / 0.96, f32
-// 1.04 / 1.15 to 1.09 / 1.10. Folding the weights into the angles once per block (as the bf16
-// rows without AVX-512 do) measured even with AVX-512 (a loop calling the library, in memory)
-// and slower with AVX2 for f16 at head dim 256 (bench, in place 0.81 / 0.82 to 0.75 / 0.77): a
-// block of 4 or 8 heads of 256 folds 512 angles for few rows.
+// next group's sums read four rows in a burst at each group's start (docs/performance.md,
+// "Performance decisions"). Their weights are not folded into the angles once per block (as
+// the bf16 rows without AVX-512 do): a block of 4 or 8 heads of 256 folds 512 angles for few
+// rows.
 constexpr std::int64_t norm_groups_ahead = 2;
 
 // `rows.rotate(x, y, r, ahead, s)` rotates one row with its r and, where `ahead` is not null,
@@ -367,13 +345,8 @@ constexpr std::int64_t norm_groups_ahead = 2;
 // the first groups of the blocks that follow it in this thread's tokens (q then k of each
 // token, up to st.last), and their r wait in st.inv_rms for those blocks, which then take no
 // sums of their own first. Taken per block, the first two groups' sums (8 rows) went alone and
-// the last two groups' rotations without sums: Qwen3-8B's k block (8 heads) was all one and
-// then all the other, and gemma3-4b's blocks (8 and 4 heads of 256) had no row summed ahead.
-// AVX2 on Intel, bench --only qk-norm-rope, three alternations, one / two threads: gemma3-4b
-// bf16 0.57 / 0.56 to 0.63 / 0.63 of the ceiling in place, 0.65 / 0.64 to 0.77 / 0.71 out of
-// place; f16 0.66 / 0.66 to 0.76 / 0.74 and 0.76 / 0.76 to 0.85 / 0.84; f32 in place even
-// (0.88 / 0.90 against 0.86 / 0.89), out of place 0.94 / 0.88 to 0.98 / 1.02; Qwen3-8B's rows
-// within 0.02 either way.
+// the last two groups' rotations without sums: a block of 8 heads was all one and then all the
+// other, and blocks of 8 or 4 heads of 256 had no row summed ahead.
 template <class T, class Rows>
 HWY_INLINE void norm_rotate_block_ahead(df32 d, const cpu_plan& p, const cpu_block& blk,
                                         const T* in, T* out, const Rows& rows, norm_stream& st) {
@@ -436,8 +409,7 @@ HWY_INLINE void norm_rotate_block_ahead(df32 d, const cpu_plan& p, const cpu_blo
       if (hd < heads) {
         // Prefetched beyond row hd + 2 group (past the block's end, the next token's rows: the
         // same buffer's stream). Beyond row hd, 2048 bytes are the 2 * group rows already read
-        // for bf16 and fewer for f32 (AVX2 on Intel, bench --only qk-norm-rope, Qwen3-8B in
-        // place, one thread: bf16 0.58 to 0.69 of the ceiling, f32 0.68 to 0.89).
+        // for bf16 and fewer for f32 (docs/performance.md, "Performance decisions").
         prefetch_row(in + (hd + ahead * group) * blk.in_h, p.head_dim, p.prefetch_bytes);
         rows.rotate(in + hd * blk.in_h, out + hd * blk.out_h, st.inv_rms[slot(g) + k], x_later, s);
       } else if (x_later != nullptr) {  // a last group of fewer rows
@@ -518,9 +490,7 @@ HWY_INLINE void add_bf16_block_squares(df32 d, const std::uint16_t* x, std::int6
 // multiple of 2n: the sums ahead taken once per step. Where every folded angle is at most 2^100
 // in magnitude (`bounded`) and a row's r is finite and positive, its steps skip their NaN test:
 // x is then finite and |x_j r| is about sqrt(D) at most (x_j^2 is one term of the sum r is
-// from), so no product or sum of the rotation is NaN or infinite (AVX2 on Intel, one thread,
-// 32 + 8 heads of 128, bf16 in place, min ns per element, seven alternations: in cache
-// 0.191-0.198 to 0.186-0.194, in memory 0.222-0.236 to 0.213-0.228).
+// from), so no product or sum of the rotation is NaN or infinite.
 template <class IO>
 struct bf16_rows_ahead {
   df32 d;
@@ -563,17 +533,15 @@ struct bf16_rows_ahead {
 // r = 1 / sqrt(mean(x^2) + eps) of each head of the group (independent sums, so their latency
 // overlaps; one row at a time waited on each sum, then on the square root), then normalise
 // and rotate each row in one pass over it. The next group's r are found before this group is
-// rotated, so the rotations need not wait on a square root; with group_inverse_rms_vector
-// (the four sums reduced together, bf16 squares by vdpbf16ps) that took bf16 in cache from
-// 0.18 to 0.16 ns per element, f16 from 0.17 to 0.16 (one thread, 32 + 8 heads of 128). A
-// group's rows are still in L1 when they are read again; taking the sums of a whole block
-// (32 heads) first measured slower for f32 in memory (0.31 against 0.23 ns per element). Rows
-// shorter than a vector of pairs go through h = x r w in fp32 scratch `h`. With fp32_once,
-// rows of 1, 2 or 4 whole vectors of pairs and 32 vector registers take norm_rotate_block_held
-// when x is f32 (in cache 0.18 to 0.135 ns per element), norm_rotate_row_vectors when x is
-// 16-bit (any lane count). The other fp32_once rows of halves (every dim rotated, r/2 a multiple
-// of the lanes) take their sums two groups ahead inside the rotation's loop instead
-// (norm_rotate_block_ahead).
+// rotated (group_inverse_rms_vector: the four sums reduced together, bf16 squares by
+// vdpbf16ps), so the rotations need not wait on a square root (docs/performance.md,
+// "Performance decisions"). A group's rows are still in L1 when they are read again; taking the
+// sums of a whole block first measured slower in memory. Rows shorter than a vector of pairs
+// go through h = x r w in fp32 scratch `h`. With fp32_once, rows of 1, 2 or 4 whole vectors of
+// pairs and 32 vector registers take norm_rotate_block_held when x is f32,
+// norm_rotate_row_vectors when x is 16-bit (any lane count). The other fp32_once rows of halves
+// (every dim rotated, r/2 a multiple of the lanes) take their sums two groups ahead inside the
+// rotation's loop instead (norm_rotate_block_ahead).
 template <class IO, pairs PIn, pairs POut, bool HfRound>
 HWY_INLINE void norm_rotate_block(df32 d, const cpu_plan& p, const cpu_block& blk,
                                   const typename IO::storage* in, typename IO::storage* out,
@@ -586,8 +554,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const cpu_plan& p, const cpu_block& bl
   float inv_rms[2 * group];  // two groups' r: this one's and the next one's
   if constexpr (!HfRound) {
     // 16-bit x where the plan says (cpu_plan::held_16bit_norm_rows: on Intel); on Zen 4 with
-    // 16-bit x in place it measured slower (bf16 in cache 0.177 to 0.216 ns per element),
-    // though faster out of place
+    // 16-bit x in place it measured slower in cache, though faster out of place
     const bool held_x = sizeof(T) == 4 || p.held_16bit_norm_rows;
     const int held = held_x && lanes >= 16 && rotary == D ? held_vectors(half, lanes) : 0;
 #ifdef TILEROPE_LANE_PAIRS
@@ -609,9 +576,7 @@ HWY_INLINE void norm_rotate_block(df32 d, const cpu_plan& p, const cpu_block& bl
     if (held16 != 0) folded = fold_weights(d, a, blk.weight_a, blk.weight_b, half, folded_rows);
   }
   // bf16 halves without AVX-512: the folded angles in block order, a vector of bf16 at a time
-  // (AVX2, one thread, in cache: 0.53 to 0.28 ns per element in place, 0.39 to 0.29 out of
-  // place; bench --only qk-norm-rope, Qwen3-8B, two alternations: 0.29 to 0.39 of the ceiling
-  // in place, 0.30 to 0.39 out of place, two threads 0.35 to 0.43 and 0.34 to 0.49)
+  // (rotate_row_bf16_blocks)
   [[maybe_unused]] bool blocks16 = false;
 #ifdef TILEROPE_BF16_BLOCKS
   if constexpr (!HfRound && PIn == pairs::halves && POut == pairs::halves) {

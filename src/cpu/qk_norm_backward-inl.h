@@ -20,9 +20,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // times scale[j] in fp64. Where n is a constant of whole vectors (the held backward), GCC 12
 // warns of the scalar tail that never runs (-Waggressive-loop-optimizations); the tail written
 // from n - n % lanes instead gives no warning, but the held backward's code changed with it
-// (a lea per vector of dw) and bf16 in place read slower in every alternation measured (bench
-// --only qk-norm-rope-bwd, two threads, medians: 0.799 against 0.756, 0.793 against 0.779),
-// so the warning is silenced here instead.
+// (a lea per vector of dw) and measured slower, so the warning is silenced here instead
+// (docs/performance.md, "Performance decisions").
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Waggressive-loop-optimizations"
 template <bool Scaled = false>
@@ -124,37 +123,20 @@ HWY_NOINLINE void weigh_token_angles(df32 d, const cpu_plan& p, std::int64_t b, 
 // (blk.inverse_weight, set where every weight folds: see cpu_block). A vector of pairs takes
 // 14 vector operations where there were 18 (the dot one FMA a half instead of a multiply and
 // an FMA; the apply three a half: r q, dw', and dx as one FNMA on r q), and 4 angle loads
-// where there were 2 (4 with full rows) and 4 weight loads. Intel, one thread, 32 + 8 heads of
-// 128 in place in L2 (T = 8), min ns per element, four processes each: bf16 0.274-0.300 to
-// 0.254-0.273, f16 0.254-0.263 to 0.239-0.240, f32 0.269-0.277 to 0.249-0.255; bench --only
-// qk-norm-rope-bwd, four alternations, in place, one / two threads: bf16 0.806 / 0.723 to
-// 0.821 / 0.738 of the ceiling, f16 0.818 / 0.742 to 0.854 / 0.767, f32 0.875 / 0.797 to
-// 0.904 / 0.843.
+// where there were 2 (4 with full rows) and 4 weight loads.
 // The sums run `ahead` = 2 rows before the apply, in the same pass over the heads: row h's sums
 // are taken just before row h - 2 is applied, so the chain from a row's loads to its r and coef
 // (two sums, their lane reductions, a square root and a division) overlaps other rows' work. Each
 // row applied as soon as its own sums were done (its dh and x held in registers), the work waiting
 // on that chain filled the scheduler and rows barely overlapped. The dw terms stay in registers
-// across the run's rows. Intel, one thread, 32 + 8 heads of 128, in place, min ns per element:
-// bf16 in L2 (T = 8) 0.274-0.288 to 0.221-0.224 (with LanePairs; f32 and f16 even); bench --only
-// qk-norm-rope-bwd, Qwen3-8B, two alternations, bf16 0.74 / 0.68 to 0.79 / 0.75 of the ceiling at
-// one / two threads in place, 0.70 / 0.66 to 0.80 / 0.76 out of place, f32 and f16 within the
-// spread.
+// across the run's rows (docs/performance.md, "Performance decisions").
 // The rows are those of a run of tokens (block_run, q's and then k's, as
 // for_each_block_in_runs takes them), token by token, and the sums run on across the tokens: a
 // token's first two rows are summed while the token before it ends (its weighted angles found
 // as its first row is summed: weigh_token_angles), and the dw terms go into fp64 once a run.
 // Taken one token at a time, a block's first two rows were summed alone and its last two
 // applied alone, and each token added its terms into fp64: a quarter to a third of the rows of
-// gemma3-4b's blocks (8 and 4 heads of 256) went without the overlap. Intel, one thread,
-// 8 + 4 heads of 256, in place, min ns per element: in memory (T = 8192) bf16 0.387-0.409 to
-// 0.341-0.350, f16 0.372-0.377 to 0.327-0.331, f32 0.618-0.637 to 0.603-0.614; in cache (T =
-// 16) bf16 0.328-0.329 to 0.270-0.288, f16 0.249-0.264 to 0.216-0.234. bench --only
-// qk-norm-rope-bwd, four alternations, medians, one / two threads: gemma3-4b in place bf16
-// 0.712 / 0.652 to 0.774 / 0.748 of the ceiling, f16 0.711 / 0.701 to 0.793 / 0.798, f32
-// 0.873 / 0.832 to 0.895 / 0.891; out of place bf16 0.689 / 0.653 to 0.785 / 0.761, f16 0.701
-// / 0.686 to 0.803 / 0.814, f32 0.821 / 0.809 to 0.914 / 0.910; Qwen3-8B within -0.016 (f32 in
-// place) to +0.035 (bf16 in place, two threads). Runs of 4 and of 64 tokens measured no better.
+// blocks of 8 or 4 heads went without the overlap.
 // LanePairs (bf16 halves with AVX512-BF16, NV even): the rows, and the angles, in lane-pair
 // order.
 template <class IO, pairs PIn, pairs POut, int NV, bool LanePairs = false>
@@ -163,8 +145,8 @@ HWY_NOINLINE void norm_backward_run_held(df32 d, const cpu_plan& p, const cpu_bl
                                          const token_angles* given, const held_scratch& sc,
                                          int chunk) {
   using T = typename IO::storage;
-  // f16 halves two vectors a step, stored a line at a time (bench --only qk-norm-rope-bwd, two
-  // alternations: out of place 0.76 / 0.70 to 0.79 / 0.76 of the ceiling, in place even)
+  // f16 halves two vectors a step, stored a line at a time (a whole line where a streamed
+  // store can take one)
   constexpr bool Wide = !LanePairs && std::is_same_v<typename IO::plain, f16_io> &&
                         PIn == pairs::halves && POut == pairs::halves && NV % 2 == 0;
   constexpr int S = LanePairs || Wide ? 2 : 1;  // vectors of pairs a load step takes
@@ -321,39 +303,22 @@ HWY_NOINLINE token_angles ahead_token_angles(df32 d, const cpu_plan& p, std::int
 // and the sums of the next group's row go in the same loop as each row's apply, so that the
 // loads from memory overlap the arithmetic of the row before (the run's first group's sums go
 // alone). The two accumulators each, and one vector square root and division per group, replace the
-// staged path's single accumulators, whose latency bound its loop. With AVX2, one thread,
-// 32 + 8 heads of 128, in place, ns per element: in L2 (T = 8) f32 0.52 to 0.35, f16 0.50 to
-// 0.34; in memory (T = 8192) f32 0.69 to 0.60, bf16 0.65 to 0.52, f16 0.50 to 0.38 (out of
-// place f32 0.84 to 0.77, bf16 0.67 to 0.56). The two passes without the overlap took 0.66 for
-// f32 in memory: the sums alone 0.49 (two streams read at 16 GB/s) and the apply alone 0.55.
+// staged path's single accumulators, whose latency bound its loop (docs/performance.md,
+// "Performance decisions").
 // Blocks (bf16 halves with AVX2 and SSE4): 2n pairs a step, a vector of bf16 at a time in block
 // order (widen_bf16_blocks, narrow_bf16_blocks: one NaN test and the u16 rounding for two
 // vectors), the angles put in block order once per token, the weights once per run, and the
-// dw terms put back at the run's end; bf16 in memory 0.53 to 0.47, in L2 0.49-0.62 to 0.43-0.48.
+// dw terms put back at the run's end.
 // Weighted (the block's weights fold: blk.inverse_weight), as the held rows: the rotation takes
 // the weights folded into the angles (weighted_angles), so it gives q = w dh, the dot is one FMA
 // a vector, the apply takes r q once (dx = r q - coef x, dw' += (r q) x) and the block's dw' is
 // divided by w in fp64: 14 vector operations a vector of pairs where there were 20, and no
-// weight loads. Intel with AVX2 (TILEROPE_CPU_TARGET=avx2), one thread, 32 + 8 heads of 128, min
-// ns per element of each alternation (three for bf16 in L2, two for the rest): in L2 (T = 32, in
-// place) bf16 0.330-0.332 to 0.310-0.311, f16 0.270-0.271 to 0.230-0.231, f32 0.297-0.300 to
-// 0.274-0.288; in memory (T = 8192) bf16 in place 0.419-0.434 to 0.393-0.403, out of place
-// 0.526-0.527 to 0.512-0.516. bench --only qk-norm-rope-bwd there, five alternations, one / two
-// threads: in place bf16 0.546 / 0.524 to 0.578 / 0.541, f16 0.611 / 0.598 to 0.656 / 0.612, f32
-// 0.732 / 0.721 to 0.767 / 0.751; out of place within 0.01.
+// weight loads.
 // The rows are those of a run of tokens, as for the held rows (norm_backward_run_held): the
 // groups of four are the run's rows four at a time, across its tokens, a token's angles found
 // as the sums reach its first row (ahead_token_angles), and the dw terms go into fp64 once a
 // run. Taken a token at a time, each block's first group was summed alone and its last applied
-// alone: half the rows of Qwen3-8B's k block (8 heads), all of gemma3-4b's k block (4 heads).
-// Intel with AVX2, one thread, in place, T = 8192, min ns per element of two alternations:
-// gemma3-4b (8 + 4 heads of 256) bf16 0.474-0.504 to 0.461-0.464, f16 0.435-0.447 to
-// 0.374-0.381, f32 0.747-0.754 to 0.663-0.687; Qwen3-8B bf16 0.444-0.449 to 0.422-0.434, f16
-// 0.371-0.373 to 0.344-0.347, f32 0.597-0.605 to 0.580-0.598. bench --only qk-norm-rope-bwd
-// there, three alternations, medians, one / two threads: Qwen3-8B in place bf16 0.621 / 0.611
-// to 0.656 / 0.665 of the ceiling, f16 0.738 / 0.722 to 0.788 / 0.789, f32 0.834 / 0.825 to
-// 0.872 / 0.888; out of place bf16 0.592 / 0.597 to 0.665 / 0.667, f16 0.682 / 0.662 to 0.736 /
-// 0.738, f32 0.801 / 0.789 to 0.847 / 0.859; gemma3-4b 0.06 to 0.12 higher in every row.
+// alone: half the rows of a block of 8 heads, all of a block of 4.
 template <class IO, pairs PIn, pairs POut, bool Full, bool Blocks = false, bool Weighted = false>
 HWY_NOINLINE void norm_backward_run_ahead(df32 d, const cpu_plan& p, const cpu_block& blk,
                                           std::int64_t first, std::int64_t last,
@@ -524,12 +489,8 @@ HWY_NOINLINE void norm_backward_run_ahead(df32 d, const cpu_plan& p, const cpu_b
         }
       } else if (m < rows_n) {
         // Past the run's last rows too: the rows a group on from this one in the same buffer,
-        // plus the distance. Asked only for rows summed, a block of 8 heads of 256 bytes
-        // (Qwen3-8B's k, bf16) taken a token at a time prefetched none of its first four rows
-        // (AVX2 on Intel, bench --only qk-norm-rope-bwd, Qwen3-8B, two alternations, one / two
-        // threads, in place: bf16 0.62 / 0.58 to 0.67 / 0.63 of the ceiling, f16 0.67 / 0.64
-        // to 0.75 / 0.70, f32 0.77 / 0.76 to 0.85 / 0.84; out of place bf16 0.61 / 0.60 to
-        // 0.63 / 0.62, f16 0.52 / 0.51 to 0.56 / 0.54, f32 0.75 / 0.74 to 0.82 / 0.81).
+        // plus the distance. Asked only for rows summed, a block of 8 heads of 256 bytes taken
+        // a token at a time prefetched none of its first four rows.
         prefetch_row(g_of[slot] + group * blk.in_h, D, p.prefetch_bytes);
         prefetch_row(x_of[slot] + group * blk.x_h, D, p.prefetch_bytes);
         const T* x = x_of[slot];
@@ -575,11 +536,8 @@ HWY_NOINLINE void norm_backward_run_ahead(df32 d, const cpu_plan& p, const cpu_b
 // 32 vector registers, every dim rotated, every block's weights folded into the angles), else 0.
 // Rows of 8 vectors (head dim 256) too, which the forward does not hold (its folded angles take 4
 // NV registers): here the angles are loaded and the block's dw terms take the 2 NV = 16
-// registers (objdump: nothing spilled). Against the rows staged in norm_backward_block's own
-// loop, Intel, one thread, 8 + 4 heads of 256, min ns per element of three alternations: in
-// memory (T = 8192, in place) bf16 0.315-0.347 to 0.277-0.330, f16 0.303-0.324 to 0.256-0.259,
-// f32 0.598-0.623 to 0.592-0.609; in cache (T = 16, out of place) bf16 0.308-0.328 to
-// 0.272-0.300, f16 0.291-0.295 to 0.238-0.241, f32 0.318-0.335 to 0.284-0.293.
+// registers (objdump: nothing spilled), faster than the rows staged in norm_backward_block's
+// own loop.
 // Whether every block's weights fold into the angles (cpu_block::inverse_weight).
 inline bool every_weight_folds(const cpu_plan& p) {
   for (int k = 0; k < p.num_blocks; ++k) {

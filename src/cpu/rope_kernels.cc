@@ -87,17 +87,9 @@ void rope_tokens_layout(const cpu_plan& p, std::int64_t first, std::int64_t last
   if (p.qk_norm && p.backward) {
     // f16 without AVX-512 streams where the plan says (cpu_plan::streams_f16_norm_backward: on
     // Intel) and stores normally elsewhere: on the AVX2 class (AMD EPYC), streamed, its backward
-    // (norm_backward_run_ahead) measured 2.5 to 3 times slower with the scratch rows at some
-    // offsets (mod 4 KiB) from the output, and no faster at the others (bench --only
-    // qk-norm-rope-bwd, f16 out of place, one thread: 60-71 or 22-35 ms streamed, 21-25 ms
-    // stored normally); f32 and bf16 streamed did not move. Intel with AVX2, bench --only
-    // qk-norm-rope-bwd, two alternations, one / two threads: f16 out of place Qwen3-8B 0.56 /
-    // 0.54 of the ceiling to 0.71 / 0.67, gemma3-4b 0.51 / 0.49 to 0.61 / 0.56; with SSE4 (f16
-    // converted in software) within 0.01. With AVX-512 f16 streams, measured on Intel: rows held
-    // (norm_backward_run_held, two alternations) 0.57 / 0.53 to 0.77 / 0.74 of the ceiling at one
-    // / two threads; rows staged in norm_backward_block's own loop (then head dim 256, gemma3-4b)
-    // 0.51 / 0.48 to 0.69 / 0.66-0.69, and with the output at eight offsets mod 4 KiB (one thread,
-    // 8 + 4 heads, T = 8192) 0.62-0.72 ns per element to 0.46-0.50.
+    // (norm_backward_run_ahead) was several times slower with the scratch rows at some offsets
+    // (mod 4 KiB) from the output, and no faster at the others (docs/performance.md,
+    // "Performance decisions"). With AVX-512 f16 always streams.
     const bool f16_streams = HWY_TARGET <= HWY_AVX3 || p.streams_f16_norm_backward;
     if (norm_streams && (f16_streams || !std::is_same_v<typename IO::plain, f16_io>)) {
       qk_norm_backward_tokens_loop<streaming_io<IO>, PIn, POut>(p, first, last, chunk);

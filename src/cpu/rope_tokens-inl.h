@@ -18,11 +18,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Multi-axis (MRoPE) angles gathered from a table, the rows of several positions per token:
 // gathered for a run of tokens before those tokens' rows are rotated. Gathered token by token,
-// between the rows, MRoPE in memory ran 30-60% slower than RoPE, though only 11% in cache (the
-// more distinct table rows a token's axes read, the slower); in runs of 64 tokens it measured
-// (one thread, 32 + 8 heads of 128, T = 8192, ns per element) f32 0.25 to 0.20 in place and
-// 0.37 to 0.29 out of place, bf16 0.150 to 0.119 and 0.175 to 0.136, f16 0.135 to 0.111 and
-// 0.193 to 0.147. Runs of 256 measured no better.
+// between the rows, MRoPE ran far slower than RoPE in memory, much less so in cache (the more
+// distinct table rows a token's axes read, the slower; docs/performance.md, "Performance
+// decisions").
 constexpr int angle_run = 64;
 
 inline bool gathers_angles_in_runs(const cpu_plan& p) {
@@ -46,10 +44,10 @@ HWY_INLINE void call_on_block(const cpu_block& blk, std::int64_t b, std::int64_t
 // Tokens [first, last): the angles once per token (into `angle_scratch` when they need it;
 // MRoPE's for a run of tokens at a time, above), then fn(b, s, angles, block, in, out) for q's
 // and k's heads of the token, in and out pointing at its first head row. Tokens taken one at a
-// time set up no array of runs (its 64 entries were 7% of the samples of a call of one token
-// of 1 + 1 heads). No software prefetch: the hardware prefetchers follow these streams, and
-// prefetching the rows two tokens ahead measured slower (docs/performance.md), as did
-// prefetching MRoPE's table rows.
+// time set up no array of runs: its 64 entries weighed on a decode call's fixed cost
+// (docs/performance.md, "Performance decisions"). No software prefetch: the hardware
+// prefetchers follow these streams, and prefetching the rows two tokens ahead measured slower
+// (docs/performance.md), as did prefetching MRoPE's table rows.
 template <class T, class Fn>
 HWY_INLINE void for_each_block(const cpu_plan& p, std::int64_t first, std::int64_t last,
                                float* angle_scratch, Fn&& fn) {
@@ -77,13 +75,9 @@ HWY_INLINE void for_each_block(const cpu_plan& p, std::int64_t first, std::int64
 // Tokens [first, last) as for_each_block, but in runs of `block_run` tokens taken a block at a
 // time: q's heads of every token of the run, then k's, so that a thread reads one tensor's rows
 // at a time (the angles taken again for each block). For QK RMSNorm's backward, whose three
-// streams (g, x, dx) are each split over q and k: Intel, bench --only qk-norm-rope-bwd, four
-// alternations, two threads, medians of the fraction: bf16 0.765 to 0.778 in place and 0.778
-// to 0.807 out of place, f16 0.761 to 0.794 and 0.754 to 0.779, f32 0.864 to 0.880 and 0.858
-// to 0.876; one thread within the spread (-0.015 to +0.018). The forward kernels measured slower
-// so (bench --quick, two alternations: rope-neox bf16 in place 0.93 to 0.85, qk-norm-rope bf16
-// 0.83 to 0.77) and keep the token order. MRoPE, which gathers its angles in runs already, keeps
-// it too.
+// streams (g, x, dx) are each split over q and k; the forward kernels measured slower so and
+// keep the token order (docs/performance.md, "Performance decisions"). MRoPE, which gathers its
+// angles in runs already, keeps it too.
 constexpr std::int64_t block_run = 16;
 
 template <class T, class Fn>

@@ -28,14 +28,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 // y_b = x_b cb + x_a sb, bit for bit.
 #if HWY_TARGET != HWY_SCALAR
 // How many vectors such a row has (else 0): every dim rotated, the layout kept, r/2 at least
-// one vector but not a multiple of it, the row an odd number of vectors up to 7. f32 halves
-// (one-thread loop, head dim 80 in cache: 0.125 to 0.079 ns per element) and adjacent pairs of
-// every dtype (f16 0.137 to 0.091, bf16 0.119 to 0.106) gain. 16-bit halves take it only when
-// the output streams: widening each vector and joining its partner put three shuffles on every
-// vector (Zen 4: bf16 0.101 against 0.111 in cache; f16 even), but streamed, the output skips
-// its reads for ownership (bench --only vision, out of place, ten alternations: bf16 0.49 to
-// 0.59 of the ceiling at one thread, 0.56 to 0.69 at two; f16 0.56 to 0.62 and 0.58 to 0.69).
-// Not streamed, bf16 with AVX512-BF16 takes rotate_block_lane_pairs_tail.
+// one vector but not a multiple of it, the row an odd number of vectors up to 7. 16-bit halves
+// take it only when the output streams: widening each vector and joining its partner put three
+// shuffles on every vector, but streamed, the output skips its reads for ownership
+// (docs/performance.md, "Performance decisions"). Not streamed, bf16 with AVX512-BF16 takes
+// rotate_block_lane_pairs_tail.
 inline int output_order_vectors(const cpu_plan& p, std::int64_t lanes, bool streaming) {
   const std::int64_t half = p.rotary_dim / 2, D = p.head_dim;
   if (p.qk_norm || p.rotary_dim != D || p.in_pairs != p.out_pairs) return 0;
@@ -126,13 +123,11 @@ inline int output_order_vectors(const cpu_plan&, std::int64_t, bool) { return 0;
 // lanes swapped, one in-block shuffle per vector:
 //     y_j = x_j C_j + x_(j^1) S_j
 // with the token's C and S rows (r floats each) expanded into L1 once per token, and every
-// store a whole vector of the row's own (so out-of-place f32 streams). With AVX2 (one thread,
-// 32 + 8 heads of 128, T = 16, in place, min ns per element) f32 takes 0.100 against 0.150 and
-// f16 0.115 against 0.207; bf16 without a native conversion measured 0.23 against 0.150 (a
-// widening load and a shift per vector in, the pack's rounding out, where the split takes one
-// shift or mask each way) and keeps the split. With SSE4, f32 measured even (0.179 against
-// 0.185) and takes it, for its streamed stores; f16, converted in software there either way,
-// measured 1.29 against 1.15 and keeps the split.
+// store a whole vector of the row's own (so out-of-place f32 streams). bf16 without a native
+// conversion keeps the split (a widening load and a shift per vector in, the pack's rounding
+// out, where the split takes one shift or mask each way), as does f16 with SSE4 (converted in
+// software either way); f32 with SSE4, no faster in cache, takes it for its streamed stores
+// (docs/performance.md, "Performance decisions").
 #if HWY_TARGET != HWY_SCALAR
 template <class IO>
 inline bool takes_adjacent_rows(const cpu_plan& p, std::int64_t lanes) {

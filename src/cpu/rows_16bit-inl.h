@@ -209,11 +209,8 @@ HWY_NOINLINE void rotate_block_held(df32 d, const cpu_plan& p, const cpu_block& 
 // swapped for partners, y = x C + partner S with C = [c_a | c_b], S = [-s_a | s_b] (the pair
 // path's products, bit for bit), and stored as two n/2. The pair path took three overlapping
 // vectors of pairs, each widened by a widening load and a shift and narrowed by a
-// vcvtneps2bf16 of two uops. Intel, 16 + 16 heads of 80 in place, one thread, in cache (T =
-// 64): 0.163-0.166 to 0.119 ns per element (min); bench --only vision, six alternations,
-// bf16 in place: 0.794 to 0.880 of the ceiling at one thread, 0.804 to 0.898 at two. Output
-// order (rotate_block_output_order) measured as fast in cache (0.113-0.119) but not in the
-// bench (0.775 at both thread counts, against 0.846 and 0.851 in five alternations).
+// vcvtneps2bf16 of two uops. Output order (rotate_block_output_order) was as fast in cache but
+// slower in memory (docs/performance.md, "Performance decisions").
 inline bool takes_lane_pairs_tail(std::int64_t half, std::int64_t lanes) {
   return half == 2 * lanes + lanes / 2;
 }
@@ -259,32 +256,23 @@ HWY_NOINLINE void rotate_block_lane_pairs_tail(df32 d, const cpu_plan& p, const 
 // narrow by one signed pack within each block, which restores that order. In between the two
 // fp32 vectors hold the 2n elements in block order: the first the even 128-bit blocks' four
 // each, the second the odd blocks'. The token's angle rows are put in that order once per
-// block of heads (block_ordered). One NaN test covers a step's four results. Rope-neox bf16
-// with AVX2, one thread: in cache 0.29 to 0.20 ns per element in place, 0.25 to 0.20 out of
-// place; bench --only rope-neox, Qwen3-8B, two alternations: 0.47 to 0.61 of the ceiling in
-// place, 0.52 to 0.61 out of place (two threads 0.57 to 0.76, 0.48 to 0.73). Head dim 80
-// (r/2 = 2n + n with AVX2) ends each row with one fp32 vector of pairs: bench --only vision,
-// three alternations, bf16 0.41 to 0.47 in place, 0.43 to 0.45 out of place (two threads
-// 0.47 and 0.46, 0.48 to 0.65).
+// block of heads (block_ordered). One NaN test covers a step's four results
+// (docs/performance.md, "Performance decisions"). Head dim 80 (r/2 = 2n + n with AVX2) ends
+// each row with one fp32 vector of pairs.
 // The narrowing splits each result's u32 lanes into low and high u16 halves by one byte
 // shuffle and one 64-bit unpack per vector and rounds 2n at a time in u16 lanes: 18
-// instructions a step of 32 elements where the rounding per fp32 vector and the pack took 22;
-// rope-neox bf16 in cache 0.162 to 0.147 ns per element in place, 0.165 to 0.151 out of place.
+// instructions a step of 32 elements where the rounding per fp32 vector and the pack took 22.
 // Rows of adjacent bf16 pairs stored as halves (the interleaved layout's forward) take it too:
 // two u32 vectors of pairs put in block order, each pair widened by a shift and a mask; in
-// cache 0.200 to 0.174 ns per element out of place, 0.213 to 0.197 in place after a copy of
-// the row, 0.183 without it (rotate_row_bf16_pairs_in_place).
+// place without a copy of the row where it has 2 or 4 steps (rotate_row_bf16_pairs_in_place).
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4)
 #define TILEROPE_BF16_BLOCKS 1
 using du16_t = hn::Repartition<std::uint16_t, df32>;  // 2n lanes
 
-// [2n] bf16 -> two [n] fp32 in block order. v is held in a register: GCC otherwise loaded it
-// again for each unpack, and QK RMSNorm's forward step (a row rotated, the next one summed)
-// issued 17 loads for 32 elements instead of 12, one of them a constant of the rounding
-// spilled to the stack. With load_u16_pairs held too (Intel, AVX2 forced, one thread, 32 + 8
-// heads of 128, bf16 in place, min ns per element, three alternations): the forward in cache
-// 0.186-0.191 to 0.166-0.174 and in memory 0.242-0.247 to 0.230-0.234, the backward 0.335-0.346
-// to 0.287-0.304 and 0.412-0.432 to 0.379-0.407.
+// [2n] bf16 -> two [n] fp32 in block order. v is held in a register (in_register): GCC
+// otherwise loaded it again for each unpack, and QK RMSNorm's forward step (a row rotated, the
+// next one summed) issued 17 loads for 32 elements instead of 12, one of them a constant of the
+// rounding spilled to the stack.
 HWY_INLINE void widen_bf16_blocks(df32 d, hn::Vec<du16_t> v, vf32& first, vf32& second) {
   const du16_t d16;
   v = in_register(v);

@@ -83,10 +83,9 @@ std::int64_t default_prefetch_bytes() {
     }
     return n;
   }
-  // Intel: rope-neox bf16 in place, Qwen3-8B, one thread, 0.62 of the ceiling without, 0.82
-  // with 2048 bytes (docs/performance.md, "Performance decisions"); off on AMD, where rows
-  // prefetched a few heads or tokens ahead measured slower (Zen 4 rope, Zen 3 QK RMSNorm's
-  // backward)
+  // Intel: 16-bit rows' arithmetic is long against their bytes, and the hardware prefetcher
+  // alone keeps too few lines in flight; off on AMD, where rows prefetched a few heads or tokens
+  // ahead measured slower (docs/performance.md, "Performance decisions")
   return detail::intel_cpu() ? 2048 : 0;
 }
 

@@ -199,9 +199,8 @@ struct f32_io {
 };
 
 // The vector held in a register from here on: without it the compiler folds each use of a
-// loaded value into its own memory operand, so a value used twice is loaded twice (rotate_vectors
-// issued seven vector loads per pair of vectors instead of four; the load ports, not memory,
-// then bound rows already in cache).
+// loaded value into its own memory operand, so a value used twice is loaded twice and the load
+// ports, not memory, bound rows already in cache (docs/performance.md, "Performance decisions").
 template <class V>
 HWY_INLINE V in_register(V v) {
 #if HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
@@ -265,9 +264,8 @@ struct f16_io {
   static void load_pairs(df32 d, const std::uint16_t* p, vf32& even, vf32& odd) {
 #if HWY_TARGET <= HWY_AVX2
     // both halves widened by F16C in memory order, then split into even and odd lanes (two
-    // permutes); narrowing each half to u16 lanes first measured slower (gptj f16 in cache,
-    // one thread: 0.14-0.17 against 0.12-0.14 ns per element with AVX-512, 0.17 against 0.135
-    // with AVX2)
+    // permutes); narrowing each half to u16 lanes first measured slower in cache
+    // (docs/performance.md, "Performance decisions")
     const vf32 lo = load(d, p), hi = load(d, p + hn::Lanes(d));
     even = hn::ConcatEven(d, hi, lo);
     odd = hn::ConcatOdd(d, hi, lo);
@@ -296,10 +294,10 @@ struct bf16_io {
   using out_tag = hn::Rebind<std::uint16_t, df32>;
   using out_lane = std::uint16_t;
   static constexpr bool pairs_encode = true;
-  // Without a native conversion the rounding is about a third of a bf16 row's work in cache
-  // (rope-neox with AVX2: 0.25 ns per element, 0.16 storing by truncation): vectors are tested
-  // for NaN once (two at a time where they come in pairs) and take the rounding alone when
-  // none is; two vectors of pairs round together in u16 lanes (round_bf16_halves).
+  // Without a native conversion the rounding is about a third of a bf16 row's work in cache:
+  // vectors are tested for NaN once (two at a time where they come in pairs) and take the
+  // rounding alone when none is; two vectors of pairs round together in u16 lanes
+  // (round_bf16_halves).
   static hn::Vec<out_tag> narrow(hn::Vec<du32_t> bits) {
     return hn::DemoteTo(out_tag(), hn::BitCast(hn::RebindToSigned<df32>(), bits));
   }
@@ -364,9 +362,7 @@ struct bf16_native_io : bf16_io {
     asm("vcvtneps2bf16 %1, %0" : "=v"(r.raw) : "v"(v.raw));
     return r;
   }
-  // The integer path, out of line: its constants then take no registers in the callers' loops
-  // (Intel, one thread, in cache, min ns per element: rope-neox bf16 0.092-0.093 to
-  // 0.085-0.086, QK RMSNorm 0.158-0.161 to 0.153, its backward 0.295 to 0.271-0.277).
+  // The integer path, out of line: its constants then take no registers in the callers' loops.
   static HWY_NOINLINE hn::Vec<out_tag> encode_subnormal(vf32 v) {
     return bf16_io::encode(df32(), v);
   }
@@ -411,9 +407,8 @@ struct bf16_native_io : bf16_io {
   // then the odd values'), then put in element order by one vpermw. A bf16 result is +-0 only
   // where its input was +-0 or subnormal (bf16 has fp32's exponent range), so one vptestnmw of
   // the results against 0x7fff, its mask from memory (no register held in the callers' loops),
-  // stands for the two inputs' class tests, which run only where a result is zero (Intel,
-  // alternated six rounds, bench --only qk-norm-rope, one / two threads: bf16 in place 0.716 /
-  // 0.690 to 0.759 / 0.742 of the ceiling; rope-neox bf16 decode 508-522 to 485-486 ns).
+  // stands for the two inputs' class tests, which run only where a result is zero
+  // (docs/performance.md, "Performance decisions").
   static hn::Vec<du32_t> encode_pairs(df32 d, vf32 even, vf32 odd) {
     (void)d;
     __m512i both;
