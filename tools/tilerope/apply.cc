@@ -1,5 +1,3 @@
-#include "apply.h"
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -15,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "commands.h"
 #include "npy.h"
 #include "tilerope/error.h"
 #include "tilerope/freqs.h"

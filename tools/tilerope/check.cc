@@ -1,5 +1,3 @@
-#include "check.h"
-
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,6 +5,7 @@
 
 #include "check/builtin_cases.h"
 #include "check/case_file.h"
+#include "commands.h"
 #include "tilerope/error.h"
 #include "tilerope/runtime.h"
 

@@ -1,5 +1,3 @@
-#include "run.h"
-
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -7,6 +5,7 @@
 
 #include "check/builtin_cases.h"
 #include "check/ref_case.h"
+#include "commands.h"
 #include "tilerope/error.h"
 
 namespace tilerope::cli {
