@@ -18,7 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "cases.h"
+#include "check/builtin_cases.h"
+#include "check/rope_case.h"
 #include "cpu/cpu_plan.h"
 #include "golden/golden.h"
 #include "tilerope/error.h"
@@ -30,11 +31,11 @@
 namespace {
 
 using namespace tilerope;
-using cli::rope_case;
+using check::rope_case;
 
-std::string describe(const rope_case& c, const cli::case_result& r) {
-  return c.name + " " + cli::variant_of(c) + " " + std::string(to_string(c.x_type)) + " " +
-         cli::shape_of(c) + " max_abs " + std::to_string(r.max_abs_err) + " " + r.problem;
+std::string describe(const rope_case& c, const check::case_result& r) {
+  return c.name + " " + check::variant_of(c) + " " + std::string(to_string(c.x_type)) + " " +
+         check::shape_of(c) + " max_abs " + std::to_string(r.max_abs_err) + " " + r.problem;
 }
 
 // Every element of the tensors drawn from N(0, 1), rounded to its dtype; RMSNorm weights (f32)
@@ -60,8 +61,8 @@ TEST(Kernels, RunOnTheForcedTarget) {
 }
 
 TEST(Kernels, BuiltinCasesMatchGolden) {
-  for (const auto& c : cli::builtin_cases()) {
-    const auto r = cli::run_case(c);
+  for (const auto& c : check::builtin_cases()) {
+    const auto r = check::run_case(c);
     EXPECT_TRUE(r.pass) << describe(c, r);
   }
 }
@@ -92,12 +93,12 @@ TEST(Kernels, PrefetchDistanceDoesNotChangeResults) {
   }
   const std::int64_t before = prefetch_bytes();
   set_prefetch_bytes(0);
-  std::vector<cli::case_result> off;
-  for (const auto& c : cases) off.push_back(cli::run_case(c));
+  std::vector<check::case_result> off;
+  for (const auto& c : cases) off.push_back(check::run_case(c));
   for (const std::int64_t ahead : {64, 2048}) {
     set_prefetch_bytes(ahead);
     for (std::size_t i = 0; i < cases.size(); ++i) {
-      const auto r = cli::run_case(cases[i]);
+      const auto r = check::run_case(cases[i]);
       EXPECT_TRUE(r.pass) << describe(cases[i], r) << " prefetch " << ahead;
       EXPECT_EQ(r.max_abs_err, off[i].max_abs_err) << describe(cases[i], r) << " " << ahead;
       EXPECT_EQ(r.max_rel_err, off[i].max_rel_err) << describe(cases[i], r) << " " << ahead;
@@ -139,7 +140,7 @@ TEST(Kernels, SweepMatchesGolden) {
           c.backward = variant == 3;
           c.positions = variant == 2 ? "i32" : "i64";
           c.seed = seed++;
-          const auto res = cli::run_case(c);
+          const auto res = check::run_case(c);
           EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant;
           ++n;
         }
@@ -176,7 +177,7 @@ TEST(Kernels, Bf16HalvesOfHeadDim80MatchGolden) {
         }
         c.vision_2d = angles == 2;
         c.seed = seed++;
-        const auto res = cli::run_case(c);
+        const auto res = check::run_case(c);
         EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant
                               << " angles " << angles;
         ++n;
@@ -238,7 +239,7 @@ TEST(Kernels, QkNormSweepMatchesGolden) {
           }
           c.backward = variant >= 3 && variant <= 8;
           c.seed = seed++;
-          const auto res = cli::run_case(c);
+          const auto res = check::run_case(c);
           EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " r=" << r << " v=" << variant
                                 << " held16 " << held16;
           ++n;
@@ -281,7 +282,7 @@ TEST(Kernels, QkNormBackwardWithZeroWeightsMatchesGolden) {
           c.tokens = 3;
           c.q_heads = 6;
           c.k_heads = 2;
-          const auto res = cli::run_case(c);
+          const auto res = check::run_case(c);
           EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d;
           ++n;
         }
@@ -297,15 +298,15 @@ TEST(Kernels, QkNormBackwardOverRunsOfTokensMatchesGolden) {
   std::uint64_t seed = 2100;
   int n = 0;
   for (auto t : {dtype::f32, dtype::f16, dtype::bf16}) {
-    for (auto layout : {cli::x_layout::thd, cli::x_layout::bshd, cli::x_layout::bhsd}) {
+    for (auto layout : {check::x_layout::thd, check::x_layout::bshd, check::x_layout::bhsd}) {
       for (bool inplace : {true, false}) {
         rope_case c = qk_norm_backward_case("qknorm-backward-runs", t, 128, inplace, seed++);
         c.layout = layout;
-        c.batch = layout == cli::x_layout::thd ? 1 : 2;
-        c.tokens = layout == cli::x_layout::thd ? 37 : 21;
+        c.batch = layout == check::x_layout::thd ? 1 : 2;
+        c.tokens = layout == check::x_layout::thd ? 37 : 21;
         c.q_heads = 5;
         c.k_heads = 2;
-        const auto res = cli::run_case(c);
+        const auto res = check::run_case(c);
         EXPECT_TRUE(res.pass) << describe(c, res);
         ++n;
       }
@@ -420,7 +421,7 @@ TEST(Kernels, MropeRunsOfTokensMatchGolden) {
         c.backward = variant == 2;
         c.qk_norm = variant == 3;
         c.seed = seed++;
-        const auto res = cli::run_case(c);
+        const auto res = check::run_case(c);
         EXPECT_TRUE(res.pass) << describe(c, res) << " T=" << T << " threads=" << threads
                               << " v=" << variant;
         ++n;
@@ -1123,7 +1124,7 @@ TEST(Kernels, QkNormWideHeadsMatchGolden) {
           c.inplace = variant != 1;
           c.backward = variant == 2;
           c.seed = seed++;
-          const auto res = cli::run_case(c);
+          const auto res = check::run_case(c);
           EXPECT_TRUE(res.pass) << describe(c, res) << " d=" << d << " v=" << variant;
         }
       }

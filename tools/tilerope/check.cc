@@ -1,13 +1,11 @@
-#include "check.h"
-
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "cases.h"
-#include "ref_cases.h"
+#include "check/builtin_cases.h"
+#include "check/case_file.h"
+#include "commands.h"
 #include "tilerope/error.h"
 #include "tilerope/runtime.h"
 
@@ -15,6 +13,10 @@ namespace tilerope::cli {
 
 namespace {
 
+using check::ref_case;
+using check::rope_case;
+
+// One printed row of `tilerope check`.
 struct row {
   std::string name, variant, dtype, shape, note;
   double max_abs = 0, max_rel = 0, atol = 0, rtol = 0;
@@ -22,9 +24,9 @@ struct row {
 };
 
 row run_one(const rope_case& c) {
-  row r{c.name, variant_of(c), std::string(to_string(c.x_type)), shape_of(c), ""};
+  row r{c.name, check::variant_of(c), std::string(to_string(c.x_type)), check::shape_of(c), ""};
   try {
-    const case_result res = run_case(c);
+    const check::case_result res = check::run_case(c);
     r.max_abs = res.max_abs_err;
     r.max_rel = res.max_rel_err;
     r.atol = res.atol;
@@ -38,9 +40,9 @@ row run_one(const rope_case& c) {
 }
 
 row run_one(const ref_case& c) {
-  row r{c.name, ref_variant_of(c), std::string(to_string(c.x_type)), "", ""};
+  row r{c.name, check::ref_variant_of(c), std::string(to_string(c.x_type)), "", ""};
   try {
-    const ref_result res = run_ref_case(c);
+    const check::ref_result res = check::run_ref_case(c);
     r.shape = res.shape;
     r.max_abs = res.max_abs_err;
     r.max_rel = res.max_rel_err;
@@ -64,52 +66,6 @@ row run_one(const ref_case& c) {
 
 }  // namespace
 
-std::vector<ref_case> builtin_ref_cases() {
-  std::vector<ref_case> cases;
-  auto add = [&](ref_case c) { cases.push_back(std::move(c)); };
-  ref_case v;
-  v.name = "ref-vision-smoke-31x16x128";
-  v.kernel = ref_kernel::vision;
-  v.x_type = dtype::f16;
-  v.seq = 31, v.heads = 16, v.k_heads = 16;
-  add(v);
-  ref_case m;
-  m.name = "ref-mrope-smoke-1x16x31x128";
-  m.kernel = ref_kernel::mrope;
-  m.x_type = dtype::f16;
-  m.batch = 1, m.heads = 16, m.k_heads = 2, m.seq = 31;
-  add(m);
-  ref_case s;
-  s.name = "ref-skeleton-4x16x64";
-  s.kernel = ref_kernel::skeleton;
-  s.batch = 4, s.seq = 16, s.head_dim = 64;
-  add(s);
-  ref_case q;
-  q.name = "ref-qk-norm-rope-q-s7";
-  q.kernel = ref_kernel::qk_norm_rope;
-  q.x_type = dtype::bf16;
-  q.seq = 7, q.heads = 16;
-  q.atol = q.rtol = 1e-2;
-  add(q);
-  for (auto out :
-       {reference::interleave_output::interleaved, reference::interleave_output::split_half}) {
-    for (auto path :
-         {reference::interleave_path::deinterleave, reference::interleave_path::gathermask}) {
-      ref_case i;
-      i.kernel = ref_kernel::interleave;
-      i.x_type = dtype::bf16;
-      i.batch = 1, i.heads = 4, i.seq = 37, i.head_dim = 64;
-      i.output = out;
-      i.path = path;
-      i.name = ref_variant_of(i) + "-1x4x37x64";
-      i.atol = 1e-4;
-      i.rtol = 7.8125e-3;
-      add(i);
-    }
-  }
-  return cases;
-}
-
 void add_check_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "check",
@@ -126,17 +82,13 @@ void add_check_command(CLI::App& app, int& exit_code) {
     std::vector<rope_case> rope_cases;
     std::vector<ref_case> ref_cases;
     if (!*no_builtin) {
-      rope_cases = builtin_cases();
-      ref_cases = builtin_ref_cases();
+      rope_cases = check::builtin_cases();
+      ref_cases = check::builtin_ref_cases();
     }
     for (const auto& f : *files) {
-      for (const auto& item : read_case_list(f)) {
-        if (item.is_object() && item.contains("kernel")) {
-          ref_cases.push_back(ref_case_from_json(item));
-        } else {
-          rope_cases.push_back(case_from_json(item));
-        }
-      }
+      check::case_list from_file = check::cases_from_file(f);
+      rope_cases.insert(rope_cases.end(), from_file.rope_cases.begin(), from_file.rope_cases.end());
+      ref_cases.insert(ref_cases.end(), from_file.ref_cases.begin(), from_file.ref_cases.end());
     }
     std::printf("tilerope check: cpu target %s, %d threads, prefetch %lld bytes\n",
                 cpu_target().c_str(), num_threads(), static_cast<long long>(prefetch_bytes()));

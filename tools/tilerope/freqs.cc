@@ -1,9 +1,8 @@
-#include "freqs.h"
-
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "commands.h"
 #include "tilerope/error.h"
 #include "tilerope/rope_config.h"
 

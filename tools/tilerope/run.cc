@@ -1,11 +1,11 @@
-#include "run.h"
-
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "check.h"
-#include "ref_cases.h"
+#include "check/builtin_cases.h"
+#include "check/ref_case.h"
+#include "commands.h"
 #include "tilerope/error.h"
 
 namespace tilerope::cli {
@@ -71,11 +71,11 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o, &exit_code] {
     if (o->list) {
-      for (const auto& c : builtin_ref_cases()) {
-        if (c.kernel == ref_kernel::interleave &&
+      for (const auto& c : check::builtin_ref_cases()) {
+        if (c.kernel == check::ref_kernel::interleave &&
             c.output != reference::interleave_output::split_half)
           continue;
-        if (c.kernel == ref_kernel::interleave &&
+        if (c.kernel == check::ref_kernel::interleave &&
             c.path != reference::interleave_path::deinterleave)
           continue;
         std::printf("%-14s %s\n", std::string(to_string(c.kernel)).c_str(), c.name.c_str());
@@ -83,9 +83,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
       return;
     }
     if (o->name.empty()) throw error("run: name a kernel (see tilerope run --list)");
-    const ref_kernel kernel = ref_kernel_from_string(o->name);
-    ref_case c;
-    for (const auto& b : builtin_ref_cases()) {
+    const check::ref_kernel kernel = check::ref_kernel_from_string(o->name);
+    check::ref_case c;
+    for (const auto& b : check::builtin_ref_cases()) {
       if (b.kernel == kernel) {
         c = b;
         break;
@@ -94,7 +94,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
     if (!o->dtype.empty()) c.x_type = dtype_from_string(o->dtype);
     if (!o->tile.empty()) c.tiles.tile = parse_tile(o->tile);
     c.tiles.ub_bytes = parse_bytes(o->ub);
-    const ref_result r = run_ref_case(c);
+    const check::ref_result r = check::run_ref_case(c);
     if (o->json) {
       nlohmann::json j = {{"kernel", std::string(to_string(c.kernel))},
                           {"shape", r.shape},

@@ -3,15 +3,15 @@
 // and golden vs the production kernel where one computes the same thing.
 
 #include <array>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "reference/reference.h"
 #include "tilerope/dtype.h"
 
-namespace tilerope::cli {
+namespace tilerope::check {
 
 enum class ref_kernel { skeleton, vision, mrope, qk_norm_rope, interleave };
 std::string_view to_string(ref_kernel k);
@@ -48,7 +48,6 @@ struct ref_result {
 };
 
 ref_result run_ref_case(const ref_case& c);
-ref_case ref_case_from_json(const nlohmann::json& j);
 std::string ref_variant_of(const ref_case& c);
 
-}  // namespace tilerope::cli
+}  // namespace tilerope::check

@@ -1,19 +1,18 @@
 #pragma once
-// Check cases: one rope_apply configuration, its seeded inputs, and its comparison against the
-// fp64 golden. `tilerope check` and the kernel tests run the same cases.
+// Check cases of the production kernels: one rope_apply (or qk_norm_rope_apply, or its
+// backward) configuration, its seeded inputs, and its comparison against the fp64 golden.
+// `tilerope check` and the kernel tests run the same cases.
 
 #include <array>
 #include <cstdint>
-#include <functional>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
-#include <vector>
+#include <string_view>
 
 #include "tilerope/qk_norm_rope.h"
 #include "tilerope/rope.h"
 
-namespace tilerope::cli {
+namespace tilerope::check {
 
 enum class x_layout { thd, bshd, bhsd };
 std::string_view to_string(x_layout l);
@@ -81,19 +80,4 @@ std::string shape_of(const rope_case& c);
 // an invalid case (e.g. a bad field), as rope_apply would.
 case_result run_case(const rope_case& c);
 
-// The built-in cases, embedded in the binary.
-std::vector<rope_case> builtin_cases();
-
-// Reads a case file: a JSON list of case objects, or {"cases": [...]}.
-nlohmann::json read_case_list(const std::string& path);
-// Sets `name` from the object's "name" and calls set(key, value) for every other key; set
-// returns false for an unknown key. Errors name the case and the key.
-void for_each_case_key(const nlohmann::json& j, std::string& name,
-                       const std::function<bool(const std::string&, const nlohmann::json&)>& set);
-
-// A case from a JSON object whose keys are the field names above; unknown keys are errors.
-rope_case case_from_json(const nlohmann::json& j);
-// All cases of a file: a JSON list of case objects, or {"cases": [...]}.
-std::vector<rope_case> cases_from_file(const std::string& path);
-
-}  // namespace tilerope::cli
+}  // namespace tilerope::check

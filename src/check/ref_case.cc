@@ -1,18 +1,16 @@
-#include "ref_cases.h"
+#include "check/ref_case.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <random>
 
-#include "cases.h"
 #include "golden/golden.h"
 #include "tilerope/error.h"
 #include "tilerope/qk_norm_rope.h"
 #include "tilerope/rope.h"
 
-namespace tilerope::cli {
+namespace tilerope::check {
 
 namespace {
 constexpr std::pair<ref_kernel, const char*> kernel_names[] = {
@@ -323,56 +321,4 @@ ref_result run_ref_case(const ref_case& c) {
   return r;
 }
 
-ref_case ref_case_from_json(const nlohmann::json& j) {
-  ref_case c;
-  for_each_case_key(j, c.name, [&](const std::string& key, const nlohmann::json& v) {
-    if (key == "kernel")
-      c.kernel = ref_kernel_from_string(v.get<std::string>());
-    else if (key == "dtype")
-      c.x_type = dtype_from_string(v.get<std::string>());
-    else if (key == "batch")
-      c.batch = v.get<std::int64_t>();
-    else if (key == "seq")
-      c.seq = v.get<std::int64_t>();
-    else if (key == "heads")
-      c.heads = v.get<std::int64_t>();
-    else if (key == "k_heads")
-      c.k_heads = v.get<std::int64_t>();
-    else if (key == "head_dim")
-      c.head_dim = v.get<std::int64_t>();
-    else if (key == "section")
-      c.section = v.get<std::array<int, 3>>();
-    else if (key == "table_seq1")
-      c.table_seq1 = v.get<bool>();
-    else if (key == "output") {
-      const auto o = v.get<std::string>();
-      if (o != "interleaved" && o != "split-half")
-        throw error("output must be interleaved or split-half");
-      c.output = o == "interleaved" ? reference::interleave_output::interleaved
-                                    : reference::interleave_output::split_half;
-    } else if (key == "path") {
-      const auto p = v.get<std::string>();
-      if (p != "deinterleave" && p != "gathermask")
-        throw error("path must be deinterleave or gathermask");
-      c.path = p == "deinterleave" ? reference::interleave_path::deinterleave
-                                   : reference::interleave_path::gathermask;
-    } else if (key == "eps")
-      c.eps = v.get<double>();
-    else if (key == "seed")
-      c.seed = v.get<std::uint64_t>();
-    else if (key == "atol")
-      c.atol = v.get<double>();
-    else if (key == "rtol")
-      c.rtol = v.get<double>();
-    else if (key == "tile")
-      c.tiles.tile = v.get<std::vector<std::int64_t>>();
-    else if (key == "ub_bytes")
-      c.tiles.ub_bytes = v.get<std::size_t>();
-    else
-      return false;
-    return true;
-  });
-  return c;
-}
-
-}  // namespace tilerope::cli
+}  // namespace tilerope::check
