@@ -233,6 +233,35 @@ TEST(RopeConfig, ErrorsNameTheOriginTheKeyAndTheValue) {
                "/nonexistent/config.json: cannot be opened");
 }
 
+// Inputs that once crashed the reader or escaped it as another exception type.
+TEST(RopeConfig, HostileJsonIsATileropeError) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const auto parse = [](const std::string& text) {
+    return error_of([&] { rope_config::from_hf_json_text(text, "c.json"); });
+  };
+  EXPECT_NE(parse("{\"head_dim\": " + deep + "}").find("c.json: JSON nested deeper than 64"),
+            std::string::npos);
+  EXPECT_NE(parse("{\"head_dim\": 128, \"rope_scaling\": " + deep + "}").find("deeper than 64"),
+            std::string::npos);
+  EXPECT_NE(parse("{\"head_dim\": 128, \"rope_theta\": 1e400}").find("c.json: invalid JSON"),
+            std::string::npos);
+  EXPECT_NE(parse("{\"head_dim\": 128, \"partial_rotary_factor\": 1e300}")
+                .find("partial_rotary_factor (1e+300) must be in (0, 1]"),
+            std::string::npos);
+  EXPECT_NE(parse("{\"head_dim\": 1073741824, \"partial_rotary_factor\": 4}")
+                .find("head_dim (1073741824) must be in [1, 65536]"),
+            std::string::npos);
+  EXPECT_NE(parse("{\"head_dim\": 161824786}").find("head_dim (161824786)"), std::string::npos);
+  EXPECT_NE(parse("{\"head_dim\": 128, \"rope_scaling\": {\"rope_type\": \"default\", "
+                  "\"mrope_section\": [1073741824, 1073741824, 1073741824]}}")
+                .find("summing to rotary_dim/2 (64)"),
+            std::string::npos);
+  rope_config c;
+  c.head_dim = 1 << 20;
+  EXPECT_NE(error_of([&] { c.frequencies(0); }).find("head_dim (1048576) must be in [1, 65536]"),
+            std::string::npos);
+}
+
 TEST(RopeConfig, HandBuiltConfigsAreValidatedByFrequencies) {
   rope_config c;
   c.head_dim = 64;

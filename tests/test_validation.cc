@@ -322,6 +322,9 @@ TEST(Mrope, AxisMapsOfQwen2VlAndQwen3Vl) {
   for (int i = 0; i < 60; ++i) EXPECT_EQ(inter[i], i % 3) << i;
   for (int i = 60; i < 64; ++i) EXPECT_EQ(inter[i], 0) << i;
   EXPECT_THROW(mrope_axis_map({-1, 2, 3}, mrope_layout::chunked), error);
+  // entries whose sum overflowed int (and asked for gigabytes) before
+  EXPECT_THROW(mrope_axis_map({1 << 30, 1 << 30, 1 << 30}, mrope_layout::chunked), error);
+  EXPECT_THROW(mrope_axis_map({0, 0, 32769}, mrope_layout::interleaved), error);
   EXPECT_EQ(mrope_layout_from_string(to_string(mrope_layout::interleaved)),
             mrope_layout::interleaved);
   EXPECT_THROW(mrope_layout_from_string("zigzag"), error);
@@ -571,6 +574,33 @@ TEST(Validation, BackwardNamesItsOwnArguments) {
                   {"dk_out head_dim (32) must equal dq_out head_dim (64)"});
   expect_rejected(back([](fixture& f) { f.grads.q.type = dtype::f16; }),
                   {"q dtype (f16) must match dq_out dtype (f32)"});
+}
+
+}  // namespace
+
+namespace {
+
+using namespace tilerope;
+
+// Views whose element counts or offsets overflow int64 are refused where they are made, and
+// again by the API when their public fields were set by hand.
+TEST(Validation, ViewsPastTwoToTheSixtyAreRefused) {
+  const std::int64_t big = std::int64_t{1} << 62;
+  float x = 0;
+  EXPECT_THROW(tensor_view::contiguous(&x, dtype::f32, {0, big, big}), error);
+  EXPECT_THROW(tensor_view::contiguous(&x, dtype::f32, {0, 4, big}), error);
+  EXPECT_THROW(tensor_view(&x, dtype::f32, {2, 2}, {big, 1}), error);
+  EXPECT_THROW(tensor_view(&x, dtype::f32, {3, 2}, {INT64_MIN, 1}), error);
+  EXPECT_NO_THROW(tensor_view(&x, dtype::f32, {1, 1}, {INT64_MIN, 1}));  // never stepped
+  expect_rejected([&](fixture& f) { f.x.q.strides[0] = big; }, {"q shape [5, 4, 64]", "2^60"});
+  expect_rejected([&](fixture& f) { f.x.k->rank = 9; }, {"k rank (9)"});
+  expect_rejected([&](fixture& f) { f.x.q_out->shape[1] = -4; }, {"q_out shape", "negative"});
+  expect_rejected([&](fixture& f) { f.x.q.type = static_cast<dtype>(200); }, {"q dtype (200)"});
+  expect_rejected(
+      [&](fixture& f) {
+        f.positions.ids.rank = -1;
+      },
+      {"positions rank (-1)"});
 }
 
 }  // namespace

@@ -76,8 +76,10 @@ struct rope_scaling {
 /// A model's RoPE settings. Build one from a config.json with from_hf_json, or by hand (then
 /// frequencies() validates it).
 struct rope_config {
+  /// The largest head_dim accepted (real models use up to a few hundred).
+  static constexpr int max_head_dim = 1 << 16;
   double theta = 10000.0;  ///< rope_theta (HF's default_theta when a config has none)
-  int head_dim = 0;        ///< head_dim, else hidden_size / num_attention_heads
+  int head_dim = 0;        ///< head_dim, else hidden_size / num_attention_heads, in [1, 65536]
   /// The rotated fraction of head_dim, in (0, 1]. For proportional, the fraction of the
   /// head_dim/2 frequencies that are non-zero (the rest rotate by 0).
   double partial_rotary_factor = 1.0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -125,6 +126,14 @@ ref_result run_ref_case(const ref_case& c) {
   if (c.batch < 1 || c.seq < 1 || c.heads < 1 || c.k_heads < 1 || c.head_dim < 2 ||
       c.head_dim % 2) {
     throw error("case '" + c.name + "': batch, seq, heads, k_heads must be >= 1, head_dim even");
+  }
+  const double elements = static_cast<double>(c.batch) * static_cast<double>(c.seq) *
+                          static_cast<double>(c.heads + c.k_heads) * static_cast<double>(c.head_dim);
+  if (elements > 1e9) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4g", elements);
+    throw error("case '" + c.name + "': batch * seq * (heads + k_heads) * head_dim (" + text +
+                ") must be <= 1e9");
   }
   rng_t rng(c.seed);
   ref_result r;

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +34,12 @@ void compare(const std::vector<double>& got, const std::vector<double>& want, ca
   }
 }
 
+std::string approx(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", v);
+  return text;
+}
+
 void check_case_fields(const rope_case& c) {
   auto bad = [&](const std::string& what) { throw error("case '" + c.name + "': " + what); };
   if (!is_floating(c.x_type)) bad("dtype must be f32, f16 or bf16");
@@ -62,8 +69,22 @@ void check_case_fields(const rope_case& c) {
       (c.style != rope_style::neox || c.backward)) {
     bad("norm_rounding hf_qwen3 needs style neox and no backward");
   }
-  const double big = 1e9;
-  if (c.batch * c.tokens * (c.q_heads + 2 * c.k_heads) * c.head_dim > big) bad("too large");
+  // Sizes in fp64: the fields are bounded by the loader, their products are not.
+  const double elements = static_cast<double>(c.batch) * static_cast<double>(c.tokens) *
+                          static_cast<double>(c.q_heads + 2 * c.k_heads) *
+                          static_cast<double>(c.head_dim);
+  if (elements > 1e9) {
+    bad("batch * tokens * (q_heads + 2 k_heads) * head_dim (" + approx(elements) +
+        ") must be <= 1e9");
+  }
+  // positions "offset" reach offset + tokens (+ 14 on the MRoPE axes); a table holds them all
+  const double last_position = static_cast<double>(c.offset) + static_cast<double>(c.tokens) + 14;
+  const double table_rows = std::max(static_cast<double>(c.max_pos), last_position);
+  if (c.table != "none" && c.rows.empty() && table_rows * static_cast<double>(c.head_dim) > 1e9) {
+    bad("a cos/sin table of " + approx(table_rows) + " positions * head_dim " +
+        std::to_string(c.head_dim) + " must be <= 1e9 values (max_pos " +
+        std::to_string(c.max_pos) + ", offset " + std::to_string(c.offset) + ")");
+  }
 }
 
 // QK RMSNorm of a case: weights [D] of the x dtype drawn around 1; for the backward, the

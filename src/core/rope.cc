@@ -13,8 +13,10 @@
 #include "core/enum_names.h"
 #include "core/overlap.h"
 #include "core/rope_plan.h"
+#include "core/view_check.h"
 #include "tilerope/error.h"
 #include "tilerope/qk_norm_rope.h"
+#include "tilerope/rope_config.h"
 
 namespace tilerope {
 
@@ -68,11 +70,13 @@ mrope_layout mrope_layout_from_string(std::string_view name) {
 }
 
 std::vector<int> mrope_axis_map(const std::array<int, 3>& section, mrope_layout layout) {
+  // Each entry at most head_dim/2 of the largest head_dim a config may give.
+  constexpr int max_entry = rope_config::max_head_dim / 2;
   for (int s : section) {
-    if (s < 0) {
+    if (s < 0 || s > max_entry) {
       throw error("mrope_section [" + std::to_string(section[0]) + ", " +
                   std::to_string(section[1]) + ", " + std::to_string(section[2]) +
-                  "] must not be negative");
+                  "] entries must be in [0, " + std::to_string(max_entry) + "]");
     }
   }
   const int n = section[0] + section[1] + section[2];
@@ -165,6 +169,7 @@ std::string describe(const char* name, const tensor_view& v) {
 }
 
 void check_data(const char* name, const tensor_view& v) {
+  detail::check_view(name, v);
   if (v.data == nullptr && v.numel() > 0) {
     throw error(std::string(name) + " has null data but shape " + v.shape_string());
   }
@@ -179,6 +184,7 @@ void check_last_contiguous(const char* name, const tensor_view& v) {
 
 // q or k (or an output of the same shape): rank 3 [T, H, D] or rank 4 [B, S, H, D].
 void check_x(const char* name, const tensor_view& v) {
+  detail::check_view(name, v);
   if (v.rank != 3 && v.rank != 4) {
     throw error(std::string(name) + " must have rank 3 [T, H, D] or 4 [B, S, H, D], got rank " +
                 num(v.rank) + " " + v.shape_string());
@@ -255,6 +261,7 @@ std::int64_t check_positions(const rope_positions& p, const tensor_view& q, toke
     return last;
   }
   const tensor_view& ids = p.ids;
+  detail::check_view("positions", ids);
   if (ids.type != dtype::i32 && ids.type != dtype::i64) {
     throw error("positions dtype (" + std::string(to_string(ids.type)) + ") must be i32 or i64");
   }
@@ -313,6 +320,7 @@ std::int64_t check_positions(const rope_positions& p, const tensor_view& q, toke
 void check_table(const rope_angles& a, std::int64_t half) {
   for (const auto& [name, t] : {std::pair<const char*, const tensor_view&>{"cos", a.cos},
                                 std::pair<const char*, const tensor_view&>{"sin", a.sin}}) {
+    detail::check_view(name, t);
     if (t.rank != 2) {
       throw error(std::string(name) + " table must have rank 2 [max_pos, rotary_dim/2], got " +
                   t.shape_string());
@@ -421,6 +429,8 @@ void check_token_rows(const rope_angles& a, const tensor_view& q, token_dims t, 
   const bool planes = !a.axis_of_frequency.empty();
   const bool rank4 = q.rank == 4;
   const tensor_view& c = a.cos;
+  detail::check_view("cos", c);
+  detail::check_view("sin", a.sin);
   const int lead = planes ? 1 : 0;
   const int token_rank = c.rank - lead - 1;  // 1: [T] or [S]; 2: [B, S]
   const std::string want =

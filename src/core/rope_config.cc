@@ -16,6 +16,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/json_bounded.h"
 #include "core/enum_names.h"
 #include "tilerope/error.h"
 
@@ -93,8 +94,9 @@ void validate(const rope_config& c, const field_names& n) {
   if (!std::isfinite(c.theta) || !(c.theta > 0)) {
     throw error(o + n.theta + " (" + num(c.theta) + ") must be finite and > 0");
   }
-  if (c.head_dim <= 0) {
-    throw error(o + n.head_dim + " (" + std::to_string(c.head_dim) + ") must be > 0");
+  if (c.head_dim <= 0 || c.head_dim > rope_config::max_head_dim) {
+    throw error(o + n.head_dim + " (" + std::to_string(c.head_dim) + ") must be in [1, " +
+                std::to_string(rope_config::max_head_dim) + "]");
   }
   const double prf = c.partial_rotary_factor;
   if (!std::isfinite(prf) || !(prf > 0) || prf > 1) {
@@ -123,7 +125,8 @@ void validate(const rope_config& c, const field_names& n) {
     const auto& s = *c.mrope_section;
     const std::string text = "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " +
                              std::to_string(s[2]) + "]";
-    if (s[0] < 0 || s[1] < 0 || s[2] < 0 || s[0] + s[1] + s[2] != half) {
+    if (s[0] < 0 || s[1] < 0 || s[2] < 0 ||
+        std::int64_t{s[0]} + std::int64_t{s[1]} + std::int64_t{s[2]} != half) {
       throw error(o + n.mrope_section + " (" + text + ") must be 3 entries >= 0 summing to " +
                   "rotary_dim/2 (" + std::to_string(half) + ")");
     }
@@ -333,12 +336,7 @@ rope_config rope_config::from_hf_json(const std::string& path) {
 }
 
 rope_config rope_config::from_hf_json_text(const std::string& text, const std::string& origin) {
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw error(origin + ": invalid JSON: " + e.what());
-  }
+  const json root = detail::parse_json_bounded(text, origin);
   if (!root.is_object()) throw error(origin + ": the config must be a JSON object");
   const config_reader r(root, origin);
   field_names names;
@@ -498,8 +496,8 @@ rope_config rope_config::from_hf_json_text(const std::string& text, const std::s
     }
   }
 
-  c.rotary_dim = rotary_dim_of(c.head_dim, c.partial_rotary_factor, c.scaling.type);
   validate(c, names);
+  c.rotary_dim = rotary_dim_of(c.head_dim, c.partial_rotary_factor, c.scaling.type);
   return c;
 }
 

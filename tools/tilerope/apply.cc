@@ -1,6 +1,7 @@
 // `tilerope apply`: its flags and their help. apply_parse.cc checks and parses the flags,
 // apply_build.cc reads the files and builds the call, apply_run.cc runs it and writes outputs.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "apply_call.h"
 #include "apply_options.h"
 #include "commands.h"
+#include "int64_flag.h"
 
 namespace tilerope::cli {
 
@@ -72,7 +74,10 @@ void add_apply_command(CLI::App& app) {
        "int32 or int64 .npy of positions. rope, qk-norm-rope, interleave: [T] for thd; [S] "
        "(shared by the batch) or [B, S] for bshd and bhsd (or --offset). vision: [S, 2], the "
        "(row, col) of each patch. mrope: [3, T] (temporal, height, width)");
-  flag(cmd->add_option("--offset", a->offset)->type_name("N"), "--offset",
+  flag(cmd->add_option("--offset", a->offset)
+           ->type_name("N")
+           ->check(cli::int64_in(0, INT64_MAX)),
+       "--offset",
        {apply_variant::rope, apply_variant::qk_norm_rope, apply_variant::interleave},
        "consecutive positions N, N + 1, ... for the T (or S) tokens. Or --positions");
   flag(cmd->add_option("--style", a->style)->type_name("neox|gptj"), "--style",

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "commands.h"
+#include "int64_flag.h"
 #include "tilerope/error.h"
 #include "tilerope/rope_config.h"
 
@@ -104,7 +105,8 @@ void add_freqs_command(CLI::App& app) {
       cmd->add_option("--seq-len", a->seq_len,
                       "positions [0, N) the frequencies are for (dynamic and longrope depend on "
                       "it); 0 (default): unknown, the frequencies a model starts with")
-          ->type_name("N");
+          ->type_name("N")
+          ->check(cli::int64_in(0, INT64_MAX));
   a->theta_flag =
       cmd->add_option("--theta", a->theta, "plain RoPE (no --config): the base")->type_name("F");
   a->rotary_dim_flag =
