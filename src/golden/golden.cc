@@ -28,17 +28,21 @@ void angles(const std::vector<double>& inv_freq, const std::vector<std::int64_t>
   }
 }
 
+// v rounded to `bits` significant bits, ties to even, with subnormal steps of 2^min_step and
+// infinity from 2^max_exp: a 16-bit float's rounding, in fp64 arithmetic.
+double round_to_bits(double v, int bits, int min_step, int max_exp) {
+  // Scale to an integer count of steps in v's binade and round that.
+  if (v == 0 || !std::isfinite(v)) return v;
+  int e = 0;
+  std::frexp(v, &e);                                                   // |v| in [2^(e-1), 2^e)
+  const double step = std::ldexp(1.0, std::max(e - bits, min_step));
+  const double r = std::nearbyint(v / step) * step;  // default mode: ties to even
+  return std::fabs(r) >= std::ldexp(1.0, max_exp) ? std::copysign(INFINITY, v) : r;
+}
+
 double round_to(dtype t, double v) {
-  if (t == dtype::f16) return static_cast<double>(static_cast<_Float16>(v));
-  if (t == dtype::bf16) {
-    // Scale to an integer count of bf16 steps in v's binade and round that, ties to even.
-    if (v == 0 || !std::isfinite(v)) return v;
-    int e = 0;
-    std::frexp(v, &e);                                           // |v| in [2^(e-1), 2^e)
-    const double step = std::ldexp(1.0, std::max(e - 8, -133));  // 8 significant bits
-    const double r = std::nearbyint(v / step) * step;            // default mode: ties to even
-    return std::fabs(r) >= 0x1p128 ? std::copysign(INFINITY, v) : r;
-  }
+  if (t == dtype::f16) return round_to_bits(v, 11, -24, 16);
+  if (t == dtype::bf16) return round_to_bits(v, 8, -133, 128);
   if (t == dtype::f32) return static_cast<double>(static_cast<float>(v));
   return v;
 }
