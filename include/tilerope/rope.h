@@ -170,6 +170,9 @@ struct rope_options {
   bool backward = false;  ///< the gradient w.r.t. x of the forward (its transpose): the inverse
                           ///< rotation; for split_half it reads halves and writes pairs back
   rope_output_layout output_layout = rope_output_layout::as_input;
+  /// CPU threads for this call, in [0, 4096]; 0 means num_threads(). Results do not depend on
+  /// it, except for the summation order of qk_norm_rope_backward's weight gradients.
+  int num_threads = 0;
 };
 
 /// Rotates q (and k) by their positions. Every argument is validated first; a

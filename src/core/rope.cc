@@ -506,6 +506,9 @@ void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions
     throw error("output_layout (" + num(static_cast<int>(options.output_layout)) +
                 ") is not a rope_output_layout");
   }
+  if (options.num_threads < 0 || options.num_threads > 4096) {
+    throw error("num_threads (" + num(options.num_threads) + ") must be in [0, 4096]");
+  }
   const tensor_view& q = x.q;
   check_x(n.q, q);
   if (x.k) check_k(*x.k, q, n);
@@ -610,6 +613,7 @@ void plan_rotation(rope_style style, const rope_tensors& x, const rope_positions
 
   plan.style = style;
   plan.backward = options.backward;
+  plan.threads = options.num_threads;
   // forward: neox reads and writes halves, gptj adjacent pairs unless the output is split-half
   const detail::pairs in =
       style == rope_style::neox ? detail::pairs::halves : detail::pairs::adjacent;

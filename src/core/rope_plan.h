@@ -41,6 +41,7 @@ struct rope_plan {
   std::int64_t head_dim = 0, rotary_dim = 0;
   head_block blocks[2];
   int num_blocks = 0;
+  int threads = 0;  // 0: the backend's default
 
   // positions: ids[b * ids_b + s * ids_s] (ids_b = 0 when shared by the batch), else start + s
   const void* ids = nullptr;

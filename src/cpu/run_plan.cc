@@ -94,10 +94,14 @@ void prepare_norm(cpu_plan& p, norm_storage& st) {
 
 }  // namespace
 
+namespace {
+int threads_of(const rope_plan& plan) { return plan.threads > 0 ? plan.threads : num_threads(); }
+}  // namespace
+
 std::int64_t token_blocks(const rope_plan& plan) {
   const std::int64_t tokens = plan.tokens();
   const std::int64_t elements = elements_of(plan);
-  const std::int64_t threads = std::min<std::int64_t>(num_threads(), tokens);
+  const std::int64_t threads = std::min<std::int64_t>(threads_of(plan), tokens);
   if (threads <= 1 || elements < min_parallel_elements) return 1;
   return std::min<std::int64_t>(tokens, blocks_per_thread * threads);
 }
@@ -115,7 +119,7 @@ void run_rope_cpu(cpu_plan& plan) {
   }
   // Block b holds tokens [T b / n, T (b + 1) / n) and sums its weight-gradient terms into
   // chunk b, so the sums do not depend on which thread took which block.
-  const int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), tokens));
+  const int threads = static_cast<int>(std::min<std::int64_t>(threads_of(plan), tokens));
   std::atomic<std::int64_t> next{0};
 #pragma omp parallel num_threads(threads)
   for (std::int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) {
