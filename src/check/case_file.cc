@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/json_bounded.h"
@@ -94,17 +95,14 @@ void for_each_case_key(const nlohmann::json& j, std::string& name,
   }
 }
 
-// The case objects of a file: a JSON list of them, or {"cases": [...]}.
-nlohmann::json read_case_list(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw error("cannot open case file '" + path + "'");
-  nlohmann::json j = detail::parse_json_bounded(f, "case file '" + path + "'");
+// The case objects of a text: a JSON list of them, or {"cases": [...]}.
+nlohmann::json case_list_of(const std::string& text, const std::string& origin) {
+  nlohmann::json j = detail::parse_json_bounded(text, origin);
   if (j.is_object() && j.contains("cases")) {
     nlohmann::json cases = std::move(j["cases"]);
     j = std::move(cases);
   }
-  if (!j.is_array())
-    throw error("case file '" + path + "' must hold a list of cases or {\"cases\": [...]}");
+  if (!j.is_array()) throw error(origin + " must hold a list of cases or {\"cases\": [...]}");
   return j;
 }
 
@@ -238,9 +236,9 @@ ref_case ref_case_from_json(const nlohmann::json& j) {
   return c;
 }
 
-case_list cases_from_file(const std::string& path) {
+case_list cases_from_text(const std::string& text, const std::string& origin) {
   case_list cases;
-  for (const auto& item : read_case_list(path)) {
+  for (const auto& item : case_list_of(text, origin)) {
     if (item.is_object() && item.contains("kernel")) {
       cases.ref_cases.push_back(ref_case_from_json(item));
     } else {
@@ -248,6 +246,15 @@ case_list cases_from_file(const std::string& path) {
     }
   }
   return cases;
+}
+
+case_list cases_from_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw error("cannot open case file '" + path + "'");
+  std::ostringstream text;
+  text << f.rdbuf();
+  if (f.bad()) throw error("cannot read case file '" + path + "'");
+  return cases_from_text(text.str(), "case file '" + path + "'");
 }
 
 }  // namespace tilerope::check

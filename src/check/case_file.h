@@ -24,5 +24,7 @@ struct case_list {
 // All cases of a file, in file order within each kind: a JSON list of case objects, or
 // {"cases": [...]}; an object with a "kernel" key is a reference-kernel case.
 case_list cases_from_file(const std::string& path);
+// The same from a file's text; `origin` names it in errors.
+case_list cases_from_text(const std::string& text, const std::string& origin);
 
 }  // namespace tilerope::check

@@ -167,17 +167,31 @@ std::size_t npy_item_size(const std::string& descr) {
   return 0;
 }
 
-npy_array read_npy(const std::string& path, npy_content want) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, "cannot open: " + errno_text());
-  f.seekg(0, std::ios::end);
-  const std::streamoff end = f.tellg();
-  f.seekg(0);
-  if (!f || end < 0) fail(path, "cannot read: " + errno_text());
-  const auto file_size = static_cast<std::uint64_t>(end);
+namespace {
 
+// Where read_from takes the bytes: a file, or memory.
+struct file_source {
+  std::ifstream& f;
+  bool read(void* to, std::uint64_t n) {
+    return static_cast<bool>(f.read(static_cast<char*>(to), static_cast<std::streamsize>(n)));
+  }
+};
+struct memory_source {
+  const unsigned char* bytes;
+  std::uint64_t size, at = 0;
+  bool read(void* to, std::uint64_t n) {
+    if (n > size - at) return false;
+    if (n) std::memcpy(to, bytes + at, n);
+    at += n;
+    return true;
+  }
+};
+
+template <class Source>
+npy_array read_from(Source& in, std::uint64_t file_size, const std::string& path,
+                    npy_content want) {
   unsigned char prefix[12];
-  if (!f.read(reinterpret_cast<char*>(prefix), 8) || std::memcmp(prefix, magic, magic_size) != 0) {
+  if (!in.read(prefix, 8) || std::memcmp(prefix, magic, magic_size) != 0) {
     fail(path, "not a .npy file (bad magic)");
   }
   const int major = prefix[6], minor = prefix[7];
@@ -186,7 +200,7 @@ npy_array read_npy(const std::string& path, npy_content want) {
                    " is not supported (1.0, 2.0, 3.0)");
   }
   const int len_bytes = major == 1 ? 2 : 4;
-  if (!f.read(reinterpret_cast<char*>(prefix + 8), len_bytes)) fail(path, "truncated header");
+  if (!in.read(prefix + 8, len_bytes)) fail(path, "truncated header");
   const std::uint64_t header_len = read_le(prefix + 8, len_bytes);
   const std::uint64_t data_offset = 8 + len_bytes + header_len;
   if (data_offset > file_size) {
@@ -194,9 +208,7 @@ npy_array read_npy(const std::string& path, npy_content want) {
                    std::to_string(file_size - 8 - len_bytes) + " present");
   }
   std::string header(header_len, '\0');
-  if (!f.read(header.data(), static_cast<std::streamsize>(header_len))) {
-    fail(path, "cannot read the header: " + errno_text());
-  }
+  if (!in.read(header.data(), header_len)) fail(path, "cannot read the header: " + errno_text());
 
   npy_array a;
   bool fortran_order = false;
@@ -222,11 +234,29 @@ npy_array read_npy(const std::string& path, npy_content want) {
                    std::to_string(file_size - data_offset));
   }
   a.data.resize(bytes);
-  if (bytes > 0 &&
-      !f.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(bytes))) {
+  if (bytes > 0 && !in.read(a.data.data(), bytes)) {
     fail(path, "cannot read the data: " + errno_text());
   }
   return a;
+}
+
+}  // namespace
+
+npy_array read_npy(const std::string& path, npy_content want) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(path, "cannot open: " + errno_text());
+  f.seekg(0, std::ios::end);
+  const std::streamoff end = f.tellg();
+  f.seekg(0);
+  if (!f || end < 0) fail(path, "cannot read: " + errno_text());
+  file_source in{f};
+  return read_from(in, static_cast<std::uint64_t>(end), path, want);
+}
+
+npy_array read_npy_bytes(const void* data, std::size_t size, const std::string& name,
+                         npy_content want) {
+  memory_source in{static_cast<const unsigned char*>(data), size};
+  return read_from(in, size, name, want);
 }
 
 pending_npy::pending_npy(const std::string& path, const std::string& descr,

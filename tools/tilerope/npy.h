@@ -27,6 +27,9 @@ enum class npy_content {
 /// Reads `path`. A bad magic or version, a malformed header, an unsupported or big-endian
 /// dtype, Fortran order and truncated data are tilerope::errors naming the file and the fault.
 npy_array read_npy(const std::string& path, npy_content want = npy_content::any);
+/// The same from the bytes of a file held in memory; `name` stands for the path in errors.
+npy_array read_npy_bytes(const void* data, std::size_t size, const std::string& name,
+                         npy_content want = npy_content::any);
 
 /// The bytes per element of a supported descr ("<f4" -> 4), 0 for any other.
 std::size_t npy_item_size(const std::string& descr);
