@@ -11,6 +11,7 @@ packages=(
   libcli11-dev        # command line
   libgtest-dev libgmock-dev libbenchmark-dev
   libomp-dev          # OpenMP for clang builds; g++ brings libgomp
+  clang libclang-rt-14-dev libomp-14-dev  # scripts/sanitize.sh: sanitizers, libFuzzer, Archer
   clang-format
   python3 python3-numpy  # the independent fp64 checks of `tilerope apply` and `tilerope freqs`
   python3-venv python3-dev  # .venv, and the headers the Python extension builds against

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -1768,6 +1772,98 @@ TEST(Kernels, ComputedAnglesRotateAsTheirTable) {
 }
 
 }  // namespace
+
+// Long context: positions up to 2^24 with theta 1e6. The accurate mode's f32 outputs, for
+// |x| <= 1, are within 2e-6 of the fp64 golden (its own cos and sin of fp64 angles).
+TEST(Kernels, LongContextAccurateOutputsWithin2e6) {
+  const std::int64_t D = 128, H = 2;
+  std::mt19937_64 rng(2024);
+  std::vector<std::int64_t> pos;
+  for (int e = 10; e <= 24; ++e) {  // a spread over each binade, and its top
+    for (int j = 0; j < 64; ++j) pos.push_back((std::int64_t{1} << (e - 1)) + static_cast<std::int64_t>(rng() % (1u << (e - 1))));
+  }
+  pos.push_back(std::int64_t{1} << 24);
+  pos.push_back((std::int64_t{1} << 24) - 1);
+  const auto T = static_cast<std::int64_t>(pos.size());
+  tensor x(dtype::f32, {T, H, D}), y(dtype::f32, {T, H, D});
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto* xp = static_cast<float*>(x.data());
+  for (std::int64_t e = 0; e < T * H * D; ++e) xp[e] = u(rng);
+  rope_tensors io;
+  io.q = x;
+  io.q_out = y.view();
+  rope_apply(rope_style::neox, io,
+             rope_positions::from_ids(tensor_view::contiguous(pos.data(), dtype::i64, {T})),
+             rope_angles::from_theta(1e6, angle_precision::accurate));
+  const std::vector<double> inv = golden::inv_freq(D, 1e6);
+  std::vector<double> c(D), s(D), row(D), want(D);
+  double worst = 0;
+  std::int64_t worst_at = 0;
+  const auto* yp = static_cast<const float*>(y.data());
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t i = 0; i < D / 2; ++i) {
+      const double a = static_cast<double>(pos[t]) * inv[i];
+      c[i] = c[i + D / 2] = std::cos(a);
+      s[i] = s[i + D / 2] = std::sin(a);
+    }
+    for (std::int64_t h = 0; h < H; ++h) {
+      for (std::int64_t d = 0; d < D; ++d) row[d] = xp[(t * H + h) * D + d];
+      golden::rotate_row(golden::variant::neox, D, D, c.data(), s.data(), row.data(), want.data());
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double err = std::fabs(yp[(t * H + h) * D + d] - want[d]);
+        if (err > worst) worst = err, worst_at = pos[t];
+      }
+    }
+  }
+  EXPECT_LE(worst, 2e-6) << "at position " << worst_at;
+}
+
+// Subnormal f32 inputs and outputs are kept as fp32 keeps them, and no call leaves
+// flush-to-zero or denormals-are-zero on in the caller's MXCSR.
+TEST(Kernels, SubnormalsKeptAndNoFlushToZeroLeftOn) {
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned csr_before = _mm_getcsr();
+#endif
+  const std::int64_t T = 6, H = 3, D = 64;
+  tensor x(dtype::f32, {T, H, D}), y(dtype::f32, {T, H, D});
+  auto* xp = static_cast<float*>(x.data());
+  for (std::int64_t e = 0; e < T * H * D; ++e) xp[e] = static_cast<float>(e % 13 + 1) * 0x1p-140f;
+  for (bool theta_angles : {false, true}) {
+    rope_tensors io;
+    io.q = x;
+    io.q_out = y.view();
+    // position 0 rotates by cos 1, sin 0: every output equals its (subnormal) input
+    rope_apply(rope_style::neox, io, rope_positions::from_offset(0),
+               theta_angles ? rope_angles::from_theta(1e4) : rope_angles::from_inv_freq(std::vector<double>(D / 2, 0.5)));
+    const auto* yp = static_cast<const float*>(y.data());
+    const std::vector<double> inv =
+        theta_angles ? golden::inv_freq(D, 1e4) : std::vector<double>(D / 2, 0.5);
+    std::vector<double> c(D), sn(D), row(D), want(D);
+    std::int64_t nonzero = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t i = 0; i < D / 2; ++i) {
+        c[i] = c[i + D / 2] = std::cos(static_cast<double>(t) * inv[i]);
+        sn[i] = sn[i + D / 2] = std::sin(static_cast<double>(t) * inv[i]);
+      }
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t at = (t * H + h) * D;
+        for (std::int64_t d = 0; d < D; ++d) row[d] = xp[at + d];
+        golden::rotate_row(golden::variant::neox, D, D, c.data(), sn.data(), row.data(), want.data());
+        for (std::int64_t d = 0; d < D; ++d) {
+          if (t == 0) ASSERT_EQ(yp[at + d], xp[at + d]) << "element " << at + d;
+          // two products rounded at the subnormal step, 2^-149
+          ASSERT_LE(std::fabs(yp[at + d] - want[d]), 0x1p-148) << "element " << at + d;
+          nonzero += yp[at + d] != 0.0f;
+        }
+      }
+    }
+    EXPECT_GT(nonzero, T * H * D * 9 / 10) << "subnormal results flushed to zero";
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  EXPECT_EQ(_mm_getcsr() & 0x8040u, csr_before & 0x8040u) << "FTZ or DAZ changed";
+  EXPECT_EQ(csr_before & 0x8040u, 0u) << "the test process started with FTZ or DAZ on";
+#endif
+}
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

@@ -429,7 +429,9 @@ TEST(TileRules, MixedDtypesInArithmetic) {
       {"sub", [](const value& a, const value& b) { return sub(a, b); }},
       {"mul", [](const value& a, const value& b) { return mul(a, b); }},
       {"div", [](const value& a, const value& b) { return div(a, b); }}};
-  for (const auto& [name, op] : ops) {
+  for (const auto& entry : ops) {
+    const char* name = entry.first;
+    const auto op = entry.second;
     const std::string msg = error_of(f, [&] {
       set_vec_tile_shapes({1, 8, 32});
       value a = view(f.in, {1, 8, 32}, {0, 0, 0});

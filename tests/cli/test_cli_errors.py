@@ -98,7 +98,7 @@ def main():
             expect_error(f"negative position (table {table})",
                          base() + ["--positions", p("pneg.npy")] + t, ["positions[3] (-3)"])
             expect_error(f"negative offset (table {table})", base() + ["--offset", -2] + t,
-                         ["offset (-2)"])
+                         ["--offset", "'-2' is not an integer in [0, 9223372036854775807]"])
             for theta, needle in (("nan", "theta (nan"), ("inf", "theta (inf"),
                                   ("-inf", "theta (-inf"), ("0", "theta (0"), ("-1", "theta (-1")):
                 args = ["--q", p("q.npy"), "--style", "neox", "--theta", theta, "--out-q", out]
