@@ -82,20 +82,29 @@ void fill(FuzzedDataProvider& in, void* data, dtype t, std::size_t n) {
 
 double any_double(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
-    case 0: return std::numeric_limits<double>::quiet_NaN();
-    case 1: return in.ConsumeBool() ? INFINITY : -INFINITY;
-    case 2: return in.ConsumeFloatingPoint<double>();
-    case 3: return -in.ConsumeFloatingPointInRange<double>(0, 1e6);
-    default: return in.ConsumeFloatingPointInRange<double>(1.0, 1e7);
+    case 0:
+      return std::numeric_limits<double>::quiet_NaN();
+    case 1:
+      return in.ConsumeBool() ? INFINITY : -INFINITY;
+    case 2:
+      return in.ConsumeFloatingPoint<double>();
+    case 3:
+      return -in.ConsumeFloatingPointInRange<double>(0, 1e6);
+    default:
+      return in.ConsumeFloatingPointInRange<double>(1.0, 1e7);
   }
 }
 
 std::int64_t any_position(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange<int>(0, 4)) {
-    case 0: return in.ConsumeIntegral<std::int64_t>();
-    case 1: return std::numeric_limits<std::int64_t>::max() - in.ConsumeIntegralInRange<int>(0, 8);
-    case 2: return -in.ConsumeIntegralInRange<std::int64_t>(1, 1 << 20);
-    default: return in.ConsumeIntegralInRange<std::int64_t>(0, 40);
+    case 0:
+      return in.ConsumeIntegral<std::int64_t>();
+    case 1:
+      return std::numeric_limits<std::int64_t>::max() - in.ConsumeIntegralInRange<int>(0, 8);
+    case 2:
+      return -in.ConsumeIntegralInRange<std::int64_t>(1, 1 << 20);
+    default:
+      return in.ConsumeIntegralInRange<std::int64_t>(0, 40);
   }
 }
 
@@ -142,9 +151,9 @@ struct golden_inputs {
 // holding it) instead of the live memory.
 double element(const tensor_view& v, const arena& a, const std::vector<unsigned char>& snapshot,
                std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) {
-  const std::int64_t e = v.rank == 4
-                             ? b * v.strides[0] + s * v.strides[1] + h * v.strides[2] + d * v.strides[3]
-                             : s * v.strides[0] + h * v.strides[1] + d * v.strides[2];
+  const std::int64_t e =
+      v.rank == 4 ? b * v.strides[0] + s * v.strides[1] + h * v.strides[2] + d * v.strides[3]
+                  : s * v.strides[0] + h * v.strides[1] + d * v.strides[2];
   const auto at = static_cast<const unsigned char*>(v.data) - (a.bytes.data() + guard) +
                   e * static_cast<std::int64_t>(size_of(v.type));
   return load_as_f64(snapshot.data() + guard + at, v.type, 0);
@@ -164,7 +173,8 @@ void check_golden(const golden_inputs& g, const tensor_view& x, const arena& xa,
   const bool r4 = x.rank == 4;
   const std::int64_t B = r4 ? x.shape[0] : 1, S = r4 ? x.shape[1] : x.shape[0];
   const std::int64_t H = x.shape[x.rank - 2], D = x.shape[x.rank - 1], R = g.rotary_dim;
-  const std::vector<double> inv = g.table_cos ? std::vector<double>{} : golden::inv_freq(R, g.theta);
+  const std::vector<double> inv =
+      g.table_cos ? std::vector<double>{} : golden::inv_freq(R, g.theta);
   const golden::tolerance tol = golden::tolerance_for(y.type);
   const golden::variant v =
       g.style == rope_style::neox ? golden::variant::neox : golden::variant::gptj;
@@ -214,10 +224,10 @@ void tile_kernel(FuzzedDataProvider& in) {
   const dtype dt = float_type(in);
   const std::int64_t rows = in.ConsumeIntegralInRange<std::int64_t>(0, 9);
   const std::int64_t cols = 8 * in.ConsumeIntegralInRange<std::int64_t>(0, 9);
-  std::vector<unsigned char> a_mem(static_cast<std::size_t>(std::max<std::int64_t>(rows * cols, 1)) * 8),
+  std::vector<unsigned char> a_mem(
+      static_cast<std::size_t>(std::max<std::int64_t>(rows * cols, 1)) * 8),
       o_mem(a_mem.size());
-  fill(in, a_mem.data(), dt == dtype::i32 ? dtype::i32 : dt,
-       static_cast<std::size_t>(rows * cols));
+  fill(in, a_mem.data(), dt == dtype::i32 ? dtype::i32 : dt, static_cast<std::size_t>(rows * cols));
   try {
     t::tensor a("a", tensor_view::contiguous(a_mem.data(), dt, {rows, cols}));
     t::tensor o("o", tensor_view::contiguous(o_mem.data(), dt, {rows, cols}));
@@ -237,18 +247,42 @@ void tile_kernel(FuzzedDataProvider& in) {
           t::value v = t::view(a, {rows, cols}, {0, 0});
           for (int code : op_codes) {
             switch (code) {
-              case 0: v = t::neg(v); break;
-              case 1: v = t::add(v, v); break;
-              case 2: v = t::mul(v, 0.5); break;
-              case 3: v = t::view(v, {vr, v.shape().size() > 1 ? v.shape()[1] : 1}, {off, 0}); break;
-              case 4: v = t::concat({v, v}, static_cast<int>(off % 3) - 1); break;
-              case 5: v = t::deinterleave(v).first; break;
-              case 6: v = t::cast(v, dtype::f32); break;
-              case 7: v = t::sum(v, static_cast<int>(off % 2), true); break;
-              case 8: v = t::expand_clone(v, {rows, cols}); break;
-              case 9: v = t::reshape(v, {cols, rows}); break;
-              case 10: v = t::rsqrt(v); break;
-              default: v = t::gathermask(v, static_cast<int>(off)); break;
+              case 0:
+                v = t::neg(v);
+                break;
+              case 1:
+                v = t::add(v, v);
+                break;
+              case 2:
+                v = t::mul(v, 0.5);
+                break;
+              case 3:
+                v = t::view(v, {vr, v.shape().size() > 1 ? v.shape()[1] : 1}, {off, 0});
+                break;
+              case 4:
+                v = t::concat({v, v}, static_cast<int>(off % 3) - 1);
+                break;
+              case 5:
+                v = t::deinterleave(v).first;
+                break;
+              case 6:
+                v = t::cast(v, dtype::f32);
+                break;
+              case 7:
+                v = t::sum(v, static_cast<int>(off % 2), true);
+                break;
+              case 8:
+                v = t::expand_clone(v, {rows, cols});
+                break;
+              case 9:
+                v = t::reshape(v, {cols, rows});
+                break;
+              case 10:
+                v = t::rsqrt(v);
+                break;
+              default:
+                v = t::gathermask(v, static_cast<int>(off));
+                break;
             }
           }
           t::assemble(v, {0, 0}, o);
@@ -329,20 +363,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {
       const auto es = static_cast<std::int64_t>(size_of(xt));
       const std::int64_t q_elems = (r4 ? B * S : S) * Hq * D;
-      arena& oa = st.make(static_cast<std::size_t>((q_elems + (r4 ? B * S : S) * std::max<std::int64_t>(Hk, 0) * Dk) * 4) + slack);
+      arena& oa =
+          st.make(static_cast<std::size_t>(
+                      (q_elems + (r4 ? B * S : S) * std::max<std::int64_t>(Hk, 0) * Dk) * 4) +
+                  slack);
       std::memset(oa.data(), 0x77, oa.size());
       x.q_out = tensor_view::contiguous(oa.data(), xt, shape_of(Hq, D));
       q_out_arena = &oa;
       if (x.k) {
         // 2: after q_out; 4: somewhere over q_out
-        const std::int64_t k_at = out_mode == 4 ? in.ConsumeIntegralInRange<std::int64_t>(0, 40) : q_elems;
+        const std::int64_t k_at =
+            out_mode == 4 ? in.ConsumeIntegralInRange<std::int64_t>(0, 40) : q_elems;
         x.k_out = tensor_view::contiguous(oa.data() + k_at * es, x.k->type, shape_of(Hk, Dk));
         k_out_arena = &oa;
       }
       if (out_mode == 3) {  // q's output shifted against its input, in q's buffer
         const std::int64_t shift = in.ConsumeIntegralInRange<std::int64_t>(0, slack / 8);
-        x.q_out = tensor_view::contiguous(q_arena->data() + shift * es, xt,
-                                          shape_of(Hq, D));
+        x.q_out = tensor_view::contiguous(q_arena->data() + shift * es, xt, shape_of(Hq, D));
         q_out_arena = q_arena;
       }
       if (out_mode == 5 && k_arena) {  // q's output over k's input
@@ -379,13 +416,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       std::vector<std::int64_t> shape = per_batch ? std::vector<std::int64_t>{B, S + extra}
                                                   : std::vector<std::int64_t>{S + extra};
       if (pos_mode == 1) {
-        positions = rope_positions::from_ids(tensor_view::contiguous(ids64.data(), dtype::i64, shape));
+        positions =
+            rope_positions::from_ids(tensor_view::contiguous(ids64.data(), dtype::i64, shape));
       } else {
         for (auto v : ids64) ids32.push_back(static_cast<std::int32_t>(v));
-        positions = rope_positions::from_ids(tensor_view::contiguous(ids32.data(), dtype::i32, shape));
+        positions =
+            rope_positions::from_ids(tensor_view::contiguous(ids32.data(), dtype::i32, shape));
       }
       for (std::int64_t t = 0; t < tokens; ++t) {
-        const std::size_t at = static_cast<std::size_t>(per_batch ? t : t % std::max<std::int64_t>(S, 1));
+        const std::size_t at =
+            static_cast<std::size_t>(per_batch ? t : t % std::max<std::int64_t>(S, 1));
         g.position.push_back(at < ids64.size() ? (pos_mode == 1 ? ids64[at] : ids32[at]) : 0);
       }
     } else if (pos_mode == 3) {
@@ -394,8 +434,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::array<int, 3> section = {in.ConsumeIntegralInRange<int>(-1, 12),
                                           in.ConsumeIntegralInRange<int>(0, 12),
                                           in.ConsumeIntegralInRange<int>(0, 12)};
-      axis_map = mrope_axis_map(section, in.ConsumeBool() ? mrope_layout::chunked
-                                                          : mrope_layout::interleaved);
+      axis_map = mrope_axis_map(
+          section, in.ConsumeBool() ? mrope_layout::chunked : mrope_layout::interleaved);
       positions = rope_positions::from_axes(
           tensor_view::contiguous(ids64.data(), dtype::i64, {axes, S}), axis_map);
     } else {
@@ -431,19 +471,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else if (angle_mode == 2) {
       const std::int64_t width = in.ConsumeBool() ? R : R / 2;
       const int planes = axis_map.empty() ? 0 : 3;
-      std::vector<std::int64_t> shape = r4 ? std::vector<std::int64_t>{B, S, width}
-                                           : std::vector<std::int64_t>{S, width};
+      std::vector<std::int64_t> shape =
+          r4 ? std::vector<std::int64_t>{B, S, width} : std::vector<std::int64_t>{S, width};
       if (planes) shape.insert(shape.begin(), planes);
       const dtype tt = float_type(in);
       arena& ca = st.make(static_cast<std::size_t>(bytes_for(shape, 0, dtype::f32)));
       arena& sa = st.make(ca.size());
       fill(in, ca.data(), tt, ca.size() / 4);
       fill(in, sa.data(), tt, sa.size() / 4);
-      angles = rope_angles::from_token_rows(tensor_view::contiguous(ca.data(), tt, shape),
-                                            tensor_view::contiguous(sa.data(), tt, shape), axis_map);
+      angles =
+          rope_angles::from_token_rows(tensor_view::contiguous(ca.data(), tt, shape),
+                                       tensor_view::contiguous(sa.data(), tt, shape), axis_map);
     } else {
       std::vector<double> inv(static_cast<std::size_t>(in.ConsumeIntegralInRange<int>(0, 24)));
-      for (double& v : inv) v = in.ConsumeBool() ? any_double(in) : 1.0 / (1 + in.ConsumeIntegral<std::uint8_t>());
+      for (double& v : inv)
+        v = in.ConsumeBool() ? any_double(in) : 1.0 / (1 + in.ConsumeIntegral<std::uint8_t>());
       angles = rope_angles::from_inv_freq(inv);
     }
   } catch (const error&) {
@@ -468,7 +510,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     try {
       norm.q_weight = tensor_view::contiguous(wa.data(), wt, {wd});
       if (x.k && in.ConsumeIntegralInRange<int>(0, 15) != 0) {
-        norm.k_weight = tensor_view::contiguous(wa.data() + wd * static_cast<std::int64_t>(size_of(wt)), wt, {wd});
+        norm.k_weight = tensor_view::contiguous(
+            wa.data() + wd * static_cast<std::int64_t>(size_of(wt)), wt, {wd});
       }
     } catch (const error&) {
       return 0;

@@ -10,8 +10,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
     const auto a = tilerope::cli::read_npy_bytes(data, size, "fuzz.npy");
-    const auto view = tilerope::tensor_view::contiguous(
-        const_cast<unsigned char*>(a.data.data()), tilerope::dtype::f32, a.shape);
+    const auto view = tilerope::tensor_view::contiguous(const_cast<unsigned char*>(a.data.data()),
+                                                        tilerope::dtype::f32, a.shape);
     (void)view.numel();
   } catch (const tilerope::error&) {
   }

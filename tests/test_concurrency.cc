@@ -42,7 +42,8 @@ struct job {
 std::vector<unsigned char> random_bytes_of(dtype t, std::int64_t n, std::mt19937_64& rng) {
   std::vector<unsigned char> b(static_cast<std::size_t>(n) * size_of(t));
   std::normal_distribution<double> normal(0.0, 1.0);
-  for (std::int64_t i = 0; i < n; ++i) store_from_f64(b.data(), t, static_cast<std::size_t>(i), normal(rng));
+  for (std::int64_t i = 0; i < n; ++i)
+    store_from_f64(b.data(), t, static_cast<std::size_t>(i), normal(rng));
   return b;
 }
 
@@ -71,8 +72,8 @@ std::vector<job> make_jobs() {
         x.k = tensor_view::contiguous(me.k.data(), t, {T, Hk, D});
         x.q_out = tensor_view::contiguous(me.q_out.data(), t, {T, Hq, D});
         x.k_out = tensor_view::contiguous(me.k_out.data(), t, {T, Hk, D});
-        const auto pos = rope_positions::from_ids(
-            tensor_view::contiguous(me.positions.data(), dtype::i64, {T}));
+        const auto pos =
+            rope_positions::from_ids(tensor_view::contiguous(me.positions.data(), dtype::i64, {T}));
         rope_options o;
         o.num_threads = threads;
         qk_norm norm;
@@ -186,13 +187,14 @@ TEST(Concurrency, PerCallThreadCountsAreValidated) {
   rope_options o;
   o.num_threads = -1;
   const std::int64_t pos[4] = {0, 1, 2, 3};
-  const auto p =
-      rope_positions::from_ids(tensor_view::contiguous(const_cast<std::int64_t*>(pos), dtype::i64, {4}));
+  const auto p = rope_positions::from_ids(
+      tensor_view::contiguous(const_cast<std::int64_t*>(pos), dtype::i64, {4}));
   try {
     rope_apply(rope_style::neox, x, p, rope_angles::from_theta(1e4), o);
     ADD_FAILURE() << "num_threads -1 accepted";
   } catch (const error& e) {
-    EXPECT_NE(std::string(e.what()).find("num_threads (-1) must be in [0, 4096]"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("num_threads (-1) must be in [0, 4096]"),
+              std::string::npos)
         << e.what();
   }
 }

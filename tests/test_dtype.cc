@@ -58,9 +58,7 @@ float decode_f16(std::uint16_t h) {
 __attribute__((target("f16c"))) std::uint16_t hardware_f16(float x) {
   return static_cast<std::uint16_t>(_cvtss_sh(x, 0));
 }
-__attribute__((target("f16c"))) float hardware_f16_to_f32(std::uint16_t h) {
-  return _cvtsh_ss(h);
-}
+__attribute__((target("f16c"))) float hardware_f16_to_f32(std::uint16_t h) { return _cvtsh_ss(h); }
 bool cpu_has_f16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);

@@ -1780,7 +1780,9 @@ TEST(Kernels, LongContextAccurateOutputsWithin2e6) {
   std::mt19937_64 rng(2024);
   std::vector<std::int64_t> pos;
   for (int e = 10; e <= 24; ++e) {  // a spread over each binade, and its top
-    for (int j = 0; j < 64; ++j) pos.push_back((std::int64_t{1} << (e - 1)) + static_cast<std::int64_t>(rng() % (1u << (e - 1))));
+    for (int j = 0; j < 64; ++j)
+      pos.push_back((std::int64_t{1} << (e - 1)) +
+                    static_cast<std::int64_t>(rng() % (1u << (e - 1))));
   }
   pos.push_back(std::int64_t{1} << 24);
   pos.push_back((std::int64_t{1} << 24) - 1);
@@ -1834,7 +1836,8 @@ TEST(Kernels, SubnormalsKeptAndNoFlushToZeroLeftOn) {
     io.q_out = y.view();
     // position 0 rotates by cos 1, sin 0: every output equals its (subnormal) input
     rope_apply(rope_style::neox, io, rope_positions::from_offset(0),
-               theta_angles ? rope_angles::from_theta(1e4) : rope_angles::from_inv_freq(std::vector<double>(D / 2, 0.5)));
+               theta_angles ? rope_angles::from_theta(1e4)
+                            : rope_angles::from_inv_freq(std::vector<double>(D / 2, 0.5)));
     const auto* yp = static_cast<const float*>(y.data());
     const std::vector<double> inv =
         theta_angles ? golden::inv_freq(D, 1e4) : std::vector<double>(D / 2, 0.5);
@@ -1848,7 +1851,8 @@ TEST(Kernels, SubnormalsKeptAndNoFlushToZeroLeftOn) {
       for (std::int64_t h = 0; h < H; ++h) {
         const std::int64_t at = (t * H + h) * D;
         for (std::int64_t d = 0; d < D; ++d) row[d] = xp[at + d];
-        golden::rotate_row(golden::variant::neox, D, D, c.data(), sn.data(), row.data(), want.data());
+        golden::rotate_row(golden::variant::neox, D, D, c.data(), sn.data(), row.data(),
+                           want.data());
         for (std::int64_t d = 0; d < D; ++d) {
           if (t == 0) ASSERT_EQ(yp[at + d], xp[at + d]) << "element " << at + d;
           // two products rounded at the subnormal step, 2^-149

@@ -25,7 +25,8 @@ struct mapping {
   void* p = MAP_FAILED;
   std::size_t bytes = 0;
   explicit mapping(std::size_t n) : bytes(n) {
-    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+             0);
   }
   ~mapping() {
     if (p != MAP_FAILED) munmap(p, bytes);
@@ -80,7 +81,8 @@ TEST(Large, DenseBf16PastTwoToThe31ElementsInPlace) {
   rope_apply(rope_style::neox, x, rope_positions::from_offset(0), rope_angles::from_theta(1e6));
 
   const std::vector<double> inv = golden::inv_freq(D, 1e6);
-  for (std::int64_t t : {std::int64_t{0}, std::int64_t{1}, T / 2}) expect_rows_match(q, t, H, D, inv);
+  for (std::int64_t t : {std::int64_t{0}, std::int64_t{1}, T / 2})
+    expect_rows_match(q, t, H, D, inv);
   for (std::int64_t t = T - 64; t < T; ++t) expect_rows_match(q, t, H, D, inv);  // past 2^31
 }
 
@@ -94,7 +96,8 @@ TEST(Large, StridedViewsPastTwoToThe32Bytes) {
   ASSERT_NE(out.p, MAP_FAILED);
   auto* xi = reinterpret_cast<float*>(in.data());
   for (std::int64_t t = 0; t < T; ++t) {
-    for (std::int64_t e = 0; e < 3 * D; ++e) xi[t * stride + e] = 0.01f * static_cast<float>(e + 7 * t) - 1;
+    for (std::int64_t e = 0; e < 3 * D; ++e)
+      xi[t * stride + e] = 0.01f * static_cast<float>(e + 7 * t) - 1;
   }
   rope_tensors x;
   x.q = tensor_view(in.data(), dtype::f32, {T, 2, D}, {stride, D, 1});
@@ -103,7 +106,8 @@ TEST(Large, StridedViewsPastTwoToThe32Bytes) {
   x.k_out = tensor_view(out.data() + 2 * D * 4, dtype::f32, {T, 1, D}, {stride, D, 1});
   const std::int64_t pos[T] = {5, 4000, 70000};
   rope_apply(rope_style::gptj, x,
-             rope_positions::from_ids(tensor_view::contiguous(const_cast<std::int64_t*>(pos), dtype::i64, {T})),
+             rope_positions::from_ids(
+                 tensor_view::contiguous(const_cast<std::int64_t*>(pos), dtype::i64, {T})),
              rope_angles::from_theta(1e4));
 
   const std::vector<double> inv = golden::inv_freq(D, 1e4);

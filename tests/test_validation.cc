@@ -596,11 +596,7 @@ TEST(Validation, ViewsPastTwoToTheSixtyAreRefused) {
   expect_rejected([&](fixture& f) { f.x.k->rank = 9; }, {"k rank (9)"});
   expect_rejected([&](fixture& f) { f.x.q_out->shape[1] = -4; }, {"q_out shape", "negative"});
   expect_rejected([&](fixture& f) { f.x.q.type = static_cast<dtype>(200); }, {"q dtype (200)"});
-  expect_rejected(
-      [&](fixture& f) {
-        f.positions.ids.rank = -1;
-      },
-      {"positions rank (-1)"});
+  expect_rejected([&](fixture& f) { f.positions.ids.rank = -1; }, {"positions rank (-1)"});
 }
 
 }  // namespace

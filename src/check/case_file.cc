@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/json_bounded.h"
 #include "tilerope/error.h"
@@ -33,11 +33,11 @@ std::string brief(const nlohmann::json& v) {
 // A JSON integer in [lo, hi]: floats, and integers out of range, are errors (never truncated).
 std::int64_t integer_in(const nlohmann::json& v, std::int64_t lo, std::int64_t hi) {
   // non-negative JSON integers are stored unsigned, up to 2^64 - 1
-  const bool fits = v.is_number_unsigned()
-                        ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
-                              (lo <= 0 || v.get<std::uint64_t>() >= static_cast<std::uint64_t>(lo))
-                        : v.is_number_integer() && v.get<std::int64_t>() >= lo &&
-                              v.get<std::int64_t>() <= hi;
+  const bool fits =
+      v.is_number_unsigned()
+          ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+                (lo <= 0 || v.get<std::uint64_t>() >= static_cast<std::uint64_t>(lo))
+          : v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
   if (!fits) {
     std::string what = "value ";
     what += brief(v);
@@ -63,13 +63,15 @@ double finite_number(const nlohmann::json& v) {
 std::array<int, 3> section_of(const nlohmann::json& v) {
   if (!v.is_array() || v.size() != 3) throw error("value " + brief(v) + " must be 3 integers");
   std::array<int, 3> s{};
-  for (int i = 0; i < 3; ++i) s[i] = static_cast<int>(integer_in(v[i], 0, rope_config::max_head_dim));
+  for (int i = 0; i < 3; ++i)
+    s[i] = static_cast<int>(integer_in(v[i], 0, rope_config::max_head_dim));
   return s;
 }
 
 // A tile shape: up to 8 extents.
 std::vector<std::int64_t> tile_of(const nlohmann::json& v) {
-  if (!v.is_array() || v.size() > 8) throw error("value " + brief(v) + " must be a list of up to 8 integers");
+  if (!v.is_array() || v.size() > 8)
+    throw error("value " + brief(v) + " must be a list of up to 8 integers");
   std::vector<std::int64_t> t;
   for (const auto& e : v) t.push_back(integer_in(e, 0, max_extent));
   return t;
@@ -81,7 +83,8 @@ void for_each_case_key(const nlohmann::json& j, std::string& name,
                        const std::function<bool(const std::string&, const nlohmann::json&)>& set) {
   if (!j.is_object()) throw error("a case must be a JSON object, got " + brief(j));
   const auto n = j.find("name");
-  if (n != j.end() && !n->is_string()) throw error("a case's name must be a string, got " + brief(*n));
+  if (n != j.end() && !n->is_string())
+    throw error("a case's name must be a string, got " + brief(*n));
   name = n != j.end() ? n->get<std::string>() : std::string("unnamed");
   for (const auto& [key, v] : j.items()) {
     if (key == "name") continue;

@@ -128,7 +128,8 @@ ref_result run_ref_case(const ref_case& c) {
     throw error("case '" + c.name + "': batch, seq, heads, k_heads must be >= 1, head_dim even");
   }
   const double elements = static_cast<double>(c.batch) * static_cast<double>(c.seq) *
-                          static_cast<double>(c.heads + c.k_heads) * static_cast<double>(c.head_dim);
+                          static_cast<double>(c.heads + c.k_heads) *
+                          static_cast<double>(c.head_dim);
   if (elements > 1e9) {
     char text[32];
     std::snprintf(text, sizeof text, "%.4g", elements);

@@ -16,8 +16,8 @@
 #include <tuple>
 #include <utility>
 
-#include "core/json_bounded.h"
 #include "core/enum_names.h"
+#include "core/json_bounded.h"
 #include "tilerope/error.h"
 
 namespace tilerope {

@@ -34,7 +34,7 @@ double round_to_bits(double v, int bits, int min_step, int max_exp) {
   // Scale to an integer count of steps in v's binade and round that.
   if (v == 0 || !std::isfinite(v)) return v;
   int e = 0;
-  std::frexp(v, &e);                                                   // |v| in [2^(e-1), 2^e)
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
   const double step = std::ldexp(1.0, std::max(e - bits, min_step));
   const double r = std::nearbyint(v / step) * step;  // default mode: ties to even
   return std::fabs(r) >= std::ldexp(1.0, max_exp) ? std::copysign(INFINITY, v) : r;

@@ -74,11 +74,8 @@ void add_apply_command(CLI::App& app) {
        "int32 or int64 .npy of positions. rope, qk-norm-rope, interleave: [T] for thd; [S] "
        "(shared by the batch) or [B, S] for bshd and bhsd (or --offset). vision: [S, 2], the "
        "(row, col) of each patch. mrope: [3, T] (temporal, height, width)");
-  flag(cmd->add_option("--offset", a->offset)
-           ->type_name("N")
-           ->check(cli::int64_in(0, INT64_MAX)),
-       "--offset",
-       {apply_variant::rope, apply_variant::qk_norm_rope, apply_variant::interleave},
+  flag(cmd->add_option("--offset", a->offset)->type_name("N")->check(cli::int64_in(0, INT64_MAX)),
+       "--offset", {apply_variant::rope, apply_variant::qk_norm_rope, apply_variant::interleave},
        "consecutive positions N, N + 1, ... for the T (or S) tokens. Or --positions");
   flag(cmd->add_option("--style", a->style)->type_name("neox|gptj"), "--style",
        {apply_variant::rope, apply_variant::qk_norm_rope},
