@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs each libFuzzer target of BUILD (a build with -DTILEROPE_BUILD_FUZZERS=ON, as
-# scripts/sanitize.sh makes) for SECONDS over its seed corpus (fuzz/corpus/TARGET, plus
+# scripts/sanitize.sh makes) for SECONDS (or for N inputs: runs=N) over its seed corpus (fuzz/corpus/TARGET, plus
 # tests/configs and tests/cases for the readers) and dictionary, printing libFuzzer's final
 # statistics. New inputs go to BUILD/fuzz-corpus/TARGET; a crash, a sanitizer report or a leak
 # stops the target with its input saved in BUILD/fuzz-findings and fails this script.
 #   scripts/fuzz.sh BUILD SECONDS [TARGET...]     (targets: npy config cases api; default all)
+#   scripts/fuzz.sh BUILD runs=10000000 api        (a long run: docs/reliability.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=$1 seconds=$2
@@ -19,10 +20,12 @@ for t in "${targets[@]}"; do
   dict=()
   [ -f fuzz/dict/"$t".dict ] && dict=(-dict=fuzz/dict/"$t".dict)
   mkdir -p "$build/fuzz-corpus/$t"
-  echo "== fuzz_$t: ${seconds}s"
+  limit=(-max_total_time="$seconds")
+  [[ $seconds == runs=* ]] && limit=(-runs="${seconds#runs=}")
+  echo "== fuzz_$t: ${seconds}"
   start=$(date +%s)
   # one job; -timeout: an input slower than 10 s is a finding (a hang)
-  "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+  "$build/fuzz/fuzz_$t" "${limit[@]}" -timeout=10 -rss_limit_mb=4096 \
     -print_final_stats=1 "${dict[@]}" -artifact_prefix="$build/fuzz-findings/$t-" \
     "$build/fuzz-corpus/$t" "${seeds[@]}" 2>"$build/fuzz-$t.log" ||
     { tail -40 "$build/fuzz-$t.log"; echo "fuzz_$t: a finding (above)"; exit 1; }
