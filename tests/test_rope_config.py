@@ -424,7 +424,8 @@ def bad_configs(tmp):
                  ["broken.json: invalid JSON"])
     expect_error("missing file", os.path.join(tmp, "absent.json"),
                  ["absent.json: cannot be opened"])
-    expect_error("negative --seq-len", write("ok", base), ["--seq-len (-1) must be >= 0"],
+    expect_error("negative --seq-len", write("ok", base),
+                 ["--seq-len: '-1' is not an integer in [0, 9223372036854775807]"],
                  "--seq-len", "-1")
 
 
