@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "golden/golden.h"
@@ -382,7 +383,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         x.q_out = tensor_view::contiguous(q_arena->data() + shift * es, xt, shape_of(Hq, D));
         q_out_arena = q_arena;
       }
-      if (out_mode == 5 && k_arena) {  // q's output over k's input
+      const std::int64_t q_bytes = q_elems * es;
+      if (out_mode == 5 && k_arena && q_bytes <= static_cast<std::int64_t>(k_arena->size())) {
+        // q's output over k's input, where k's buffer can hold it
         x.q_out = tensor_view::contiguous(k_arena->data(), xt, shape_of(Hq, D));
         q_out_arena = k_arena;
       }
@@ -532,6 +535,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
+  if (std::getenv("TILEROPE_FUZZ_VERBOSE")) {  // describes the call, to read a finding
+    auto show = [&](const char* name, const tensor_view& v) {
+      long arena_at = -1, offset = 0;
+      for (std::size_t i = 0; i < st.arenas.size(); ++i) {
+        const auto* b = st.arenas[i].bytes.data() + guard;
+        const auto* p = static_cast<const unsigned char*>(v.data);
+        if (p >= b && p <= b + st.arenas[i].size()) arena_at = static_cast<long>(i), offset = p - b;
+      }
+      std::fprintf(stderr, "%s %s %s strides %s in arena %ld (+%ld of %zu bytes)\n", name,
+                   std::string(to_string(v.type)).c_str(), v.shape_string().c_str(),
+                   v.strides_string().c_str(), arena_at, offset,
+                   arena_at >= 0 ? st.arenas[static_cast<std::size_t>(arena_at)].size() : 0);
+    };
+    std::fprintf(stderr, "family %d style %d rotary %d backward %d layout %d threads %d\n", family,
+                 static_cast<int>(style), options.rotary_dim, options.backward,
+                 static_cast<int>(options.output_layout), options.num_threads);
+    show("q", x.q);
+    if (x.k) show("k", *x.k);
+    if (x.q_out) show("q_out", *x.q_out);
+    if (x.k_out) show("k_out", *x.k_out);
+  }
   std::vector<std::vector<unsigned char>> before;
   for (const arena& a : st.arenas) before.push_back(a.bytes);
   bool ok = true;
