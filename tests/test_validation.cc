@@ -597,6 +597,18 @@ TEST(Validation, ViewsPastTwoToTheSixtyAreRefused) {
   expect_rejected([&](fixture& f) { f.x.q_out->shape[1] = -4; }, {"q_out shape", "negative"});
   expect_rejected([&](fixture& f) { f.x.q.type = static_cast<dtype>(200); }, {"q dtype (200)"});
   expect_rejected([&](fixture& f) { f.positions.ids.rank = -1; }, {"positions rank (-1)"});
+  expect_rejected(
+      [&](fixture& f) {
+        f.mode = fixture::call::qk_norm;
+        f.norm.q_weight.rank = 6;
+      },
+      {"q_weight rank (6)"});
+  expect_rejected(
+      [&](fixture& f) {
+        f.mode = fixture::call::qk_norm_backward;
+        f.grads.dk_weight->rank = 7;
+      },
+      {"dk_weight rank (7)"});
 }
 
 }  // namespace

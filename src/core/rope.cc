@@ -660,6 +660,7 @@ void add_rotation_operands(operand_list& ops, const rope_tensors& x) {
 
 // A norm weight: [head_dim], f32, f16 or bf16.
 void check_weight(const char* name, const tensor_view& w, std::int64_t head_dim) {
+  detail::check_view(name, w);
   if (w.rank != 1 || w.shape[0] != head_dim) {
     throw error(std::string(name) + " shape " + w.shape_string() + " must be [head_dim] = [" +
                 num(head_dim) + "]");
@@ -800,6 +801,7 @@ void qk_norm_rope_backward(rope_style style, const qk_norm_rope_grad_tensors& g,
     check_same_dtype(inputs[k].first, xin, dy, k == 0 ? "dq_out" : "dk_out");
     check_same_shape(inputs[k].first, xin, k == 0 ? "dq_out" : "dk_out", dy);
     const tensor_view& w = *weights[k].second;
+    detail::check_view(weights[k].first, w);
     if (w.rank != 1 || w.shape[0] != D || w.type != dtype::f32) {
       throw error(std::string(weights[k].first) + " " + w.shape_string() + " " +
                   std::string(to_string(w.type)) + " must be [head_dim] = [" + num(D) + "] f32");
