@@ -53,6 +53,13 @@ void check_case_fields(const rope_case& c) {
     bad("table '" + c.table + "' is not one of f32, f16, bf16, none");
   }
   if (c.max_pos < 1 || c.offset < 0) bad("max_pos must be >= 1 and offset >= 0");
+  // the case's own tables and golden need whole pairs; the API's rejection of others is tested
+  // in tests/test_validation.cc
+  const std::int64_t rotary = c.rotary_dim ? c.rotary_dim : c.head_dim;
+  if (rotary < 2 || rotary % 2 || rotary > c.head_dim) {
+    bad("rotary_dim (" + std::to_string(rotary) + ") must be even, >= 2 and <= head_dim (" +
+        std::to_string(c.head_dim) + ")");
+  }
   if (c.packed && c.k_heads == 0) bad("packed needs k_heads > 0");
   if (c.mrope_section && c.layout != x_layout::thd) bad("mrope_section needs the thd layout");
   if (c.vision_2d && (c.layout != x_layout::thd || c.mrope_section ||
