@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -1166,6 +1167,182 @@ TEST(TileReport, PartialTilesAndAssemblesInALoop) {
   EXPECT_EQ(report.tiles, 4 * 3);
   EXPECT_EQ(as_tuples(report.chunks), (std::vector<chunk_tuple>{{0, 4, 2}}));
   for (std::size_t i = 0; i < in.size(); ++i) EXPECT_EQ(out[i], -in[i]) << i;
+}
+
+}  // namespace
+
+// ---- scalar sub / div, amax ----------------------------------------------------------------
+
+namespace {
+
+TEST(TileOps, ScalarSubAndDivBothWays) {
+  const shape_t s = {2, 16};
+  const std::vector<float> x = iota(32, 0.25f, 1.0f);
+  const auto minus = evaluate({{x, s}}, s, {1, 8}, [](auto& v) { return sub(v[0], 3.0); });
+  const auto over = evaluate({{x, s}}, s, {1, 8}, [](auto& v) { return div(v[0], 3.0); });
+  const auto under = evaluate({{x, s}}, s, {1, 8}, [](auto& v) { return div(3.0, v[0]); });
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(minus[i], x[i] - 3.0f);
+    EXPECT_EQ(over[i], x[i] / 3.0f);  // a true division, not a multiply by 1/3
+    EXPECT_EQ(under[i], 3.0f / x[i]);
+  }
+}
+
+TEST(TileOps, AmaxTakesOnlyValidElements) {
+  // all values negative: a padded 0 past the valid shape would win if it were read
+  const shape_t s = {2, 3, 16};
+  const std::vector<float> x = iota(96, -0.5f, -1.0f);
+  auto at = [&](int i, int j, int k) { return x[(i * 3 + j) * 16 + k]; };
+  const auto over_cols =
+      evaluate({{x, s}}, {2, 3, 1}, {2, 2, 8}, [](auto& v) { return amax(v[0], -1, true); });
+  const auto over_rows =
+      evaluate({{x, s}}, {2, 16}, {2, 8}, [](auto& v) { return amax(v[0], 1, false); });
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(over_cols[i * 3 + j], at(i, j, 0));
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 16; ++k) EXPECT_EQ(over_rows[i * 16 + k], at(i, 0, k));
+  // a view valid for 5 of 16 columns: the max of those 5, not the padded zeros
+  std::vector<float> neg_data(16);
+  for (int k = 0; k < 16; ++k) neg_data[k] = -1.0f - static_cast<float>(k);
+  std::vector<float> out(1, sentinel);
+  tensor in("in", tensor_view::contiguous(neg_data.data(), dtype::f32, {1, 16}));
+  tensor to("out", tensor_view::contiguous(out.data(), dtype::f32, {1, 1}));
+  run_kernel("amax", {in}, {to}, [&] {
+    set_vec_tile_shapes({1, 8});
+    assemble(amax(view(in, {1, 16}, {0, 0}, shape_t{1, 5}), -1, true), {0, 0}, to);
+  });
+  EXPECT_EQ(out[0], -1.0f);
+  fixture f;
+  EXPECT_TRUE(contains(error_of(f,
+                                [&] {
+                                  set_vec_tile_shapes({1, 8, 32});
+                                  amax(view(f.in, {1, 8, 32}, {0, 0, 0}), -4);
+                                }),
+                       "op 'amax': dim -4 is outside rank 3"));
+}
+
+// ---- roles by use, shared memory, loop_scope ------------------------------------------------
+
+TEST(TileRoles, ViewedIsAnInputAssembledIsAnOutput) {
+  std::vector<float> a(8 * 32), b(8 * 32, sentinel), unused(8 * 32, 5.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  tensor ta("a", tensor_view::contiguous(a.data(), dtype::f32, {8, 32}));
+  tensor tb("b", tensor_view::contiguous(b.data(), dtype::f32, {8, 32}));
+  tensor tu("unused", tensor_view::contiguous(unused.data(), dtype::f32, {8, 32}));
+  const auto report = run_kernel("by_use", {tb, ta, tu}, [&] {
+    set_vec_tile_shapes({8, 32});
+    assemble(neg(view(ta, {8, 32}, {0, 0})), {0, 0}, tb);
+  });
+  EXPECT_EQ(report.assembles, 1);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], -a[i]);
+  for (float v : unused) EXPECT_EQ(v, 5.0f);
+  // after the kernel, the tensors belong to no kernel
+  EXPECT_TRUE(contains(error_of([&] {
+                         run_kernel("other", {ta}, {tb}, [&] { view(tu, {8, 32}, {0, 0}); });
+                       }),
+                       "view of 'unused': the tensor is not an input or output of kernel 'other'"));
+}
+
+TEST(TileRoles, ViewThenAssembleOneTensorIsACycle) {
+  std::vector<float> a(8 * 32, 2.0f), b(8 * 32, sentinel);
+  tensor ta("a", tensor_view::contiguous(a.data(), dtype::f32, {8, 32}));
+  tensor tb("b", tensor_view::contiguous(b.data(), dtype::f32, {8, 32}));
+  const std::string msg = error_of([&] {
+    run_kernel("cycle", {ta, tb}, [&] {
+      set_vec_tile_shapes({8, 32});
+      assemble(neg(view(ta, {8, 32}, {0, 0})), {0, 0}, tb);
+      assemble(neg(view(ta, {8, 32}, {0, 0})), {0, 0}, ta);
+    });
+  });
+  EXPECT_TRUE(contains(msg, "assemble into 'a' after viewing it"));
+  EXPECT_TRUE(contains(msg, "a cycle"));
+  for (float v : a) EXPECT_EQ(v, 2.0f);
+  for (float v : b) EXPECT_EQ(v, sentinel);  // the checking pass raised: nothing written
+  const std::string after = error_of([&] {
+    run_kernel("cycle", {ta, tb}, [&] {
+      set_vec_tile_shapes({8, 32});
+      assemble(neg(view(ta, {8, 32}, {0, 0})), {0, 0}, tb);
+      view(tb, {8, 32}, {0, 0});
+    });
+  });
+  EXPECT_TRUE(contains(after, "view of output 'b' after assembling into it"));
+  for (float v : b) EXPECT_EQ(v, sentinel);
+}
+
+TEST(TileRoles, OutputSharingMemoryWithAnotherTensorIsAnError) {
+  std::vector<float> data(8 * 32, 3.0f);
+  // two tensors over one buffer, the second shifted by one row
+  tensor whole("x", tensor_view::contiguous(data.data(), dtype::f32, {8, 32}));
+  tensor shifted("y", tensor_view::contiguous(data.data() + 32, dtype::f32, {4, 32}));
+  const auto body = [&] {
+    set_vec_tile_shapes({4, 32});
+    assemble(neg(view(whole, {4, 32}, {0, 0})), {0, 0}, shifted);
+  };
+  for (bool by_use : {false, true}) {
+    const std::string msg = error_of([&] {
+      if (by_use) {
+        run_kernel("alias", {whole, shifted}, body);
+      } else {
+        run_kernel("alias", {whole}, {shifted}, body);
+      }
+    });
+    EXPECT_TRUE(contains(msg, "input 'x' and output 'y' share memory")) << by_use;
+    for (float v : data) EXPECT_EQ(v, 3.0f);
+  }
+  // two outputs over one buffer
+  std::vector<float> in(4 * 32, 1.0f);
+  tensor src("src", tensor_view::contiguous(in.data(), dtype::f32, {4, 32}));
+  const std::string two = error_of([&] {
+    run_kernel("alias", {src, whole, shifted}, [&] {
+      set_vec_tile_shapes({4, 32});
+      assemble(neg(view(src, {4, 32}, {0, 0})), {0, 0}, whole);
+      assemble(neg(view(src, {4, 32}, {0, 0})), {0, 0}, shifted);
+    });
+  });
+  EXPECT_TRUE(contains(two, "output 'x' and output 'y' share memory"));
+  for (float v : data) EXPECT_EQ(v, 3.0f);
+}
+
+TEST(TileLoops, LoopScopeIteratedByTheCaller) {
+  fixture f;
+  std::vector<std::int64_t> seen;
+  const auto report = f.run([&] {
+    loop_scope outer(0, 2, 1, "outer", {1});
+    for (std::size_t k = 0; k < outer.chunks().size(); ++k) {
+      outer.begin_chunk(k);
+      for (auto i = outer.chunks()[k].begin; i < outer.chunks()[k].end; ++i) {
+        loop_scope inner(0, 5, 1, "inner", {4});
+        for (std::size_t j = 0; j < inner.chunks().size(); ++j) {
+          inner.begin_chunk(j);
+          for (auto n = inner.chunks()[j].begin; n < inner.chunks()[j].end; ++n)
+            seen.push_back(i * 10 + n);
+        }
+        // an unrolled scope still open: a loop inside it breaks the rule
+        EXPECT_TRUE(contains(error_of([] { loop_scope(0, 1, 1, "in_unrolled", {}); }),
+                             "only the innermost loop may be unrolled"));
+      }
+    }
+  });
+  // once in the checking pass, once in the executing pass
+  EXPECT_EQ(seen, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 10, 11, 12, 13, 14,
+                                             0, 1, 2, 3, 4, 10, 11, 12, 13, 14}));
+  EXPECT_EQ(as_tuples(report.chunks),
+            (std::vector<chunk_tuple>{{0, 2, 1}, {0, 4, 4}, {4, 5, 1}, {0, 4, 4}, {4, 5, 1}}));
+  // a scope that outlives its kernel closes without touching any kernel
+  std::optional<loop_scope> late;
+  f.run([&] { late.emplace(0, 4, 1, "late", std::vector<std::int64_t>{2}); });
+  std::vector<std::int64_t> after;
+  f.run([&] {
+    late.reset();  // from the previous pass: must not pop this kernel's loops
+    loop(0, 2, 1, "outer", {2}, [&](std::int64_t i) { after.push_back(i); });
+  });
+  EXPECT_EQ(after, (std::vector<std::int64_t>{0, 1, 0, 1}));
+  EXPECT_TRUE(contains(error_of(f,
+                                [&] {
+                                  loop_scope s(0, 4, 1, "s", {});
+                                  s.begin_chunk(3);
+                                }),
+                       "loop: chunk 3 is not one of the loop's 1 chunks"));
 }
 
 }  // namespace

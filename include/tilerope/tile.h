@@ -93,10 +93,15 @@ value sub(const value& a, const value& b);
 value mul(const value& a, const value& b);
 value div(const value& a, const value& b);
 value add(const value& a, double s);  ///< a + s
+value sub(const value& a, double s);  ///< a - s
 value mul(const value& a, double s);  ///< a * s
+value div(const value& a, double s);  ///< a / s
+value div(double s, const value& b);  ///< s / b
 value rsqrt(const value& x);          ///< 1 / sqrt(x)
 /// Sum over `dim` (negative counts from the end); keepdim leaves it with size 1.
 value sum(const value& x, int dim, bool keepdim = true);
+/// Largest element over `dim`, of the valid ones along it; keepdim as sum.
+value amax(const value& x, int dim, bool keepdim = true);
 
 /// Rounding of cast: rint = to nearest, ties to even (the default, as PyTorch's .to()).
 enum class cast_mode { rint, round, floor, ceil, trunc };
@@ -139,6 +144,27 @@ void loop(std::int64_t start, std::int64_t stop, std::int64_t step, std::string_
           const std::vector<std::int64_t>& unroll_list,
           const std::function<void(std::int64_t)>& body);
 
+/// A loop entered by a front end that iterates itself (Python's `for i in pypto.loop(...)`):
+/// made on entry (the unroll rule is checked, the stretches recorded in the report), ended by
+/// close() or the destructor. Closing it after its kernel has ended does nothing.
+class loop_scope {
+ public:
+  loop_scope(std::int64_t start, std::int64_t stop, std::int64_t step, std::string_view name,
+             const std::vector<std::int64_t>& unroll_list);
+  ~loop_scope() { close(); }
+  loop_scope(const loop_scope&) = delete;
+  loop_scope& operator=(const loop_scope&) = delete;
+  const std::vector<loop_chunk>& chunks() const { return chunks_; }
+  /// Records chunk k in the kernel's report as its iterations begin.
+  void begin_chunk(std::size_t k);
+  void close();
+
+ private:
+  std::vector<loop_chunk> chunks_;
+  std::uint64_t kernel_serial_ = 0;  // the run_kernel pass it belongs to
+  bool unrolled_ = false;
+};
+
 struct kernel_options {
   std::size_t ub_bytes = 192 * 1024;  ///< the unified buffer's capacity
 };
@@ -153,9 +179,15 @@ struct kernel_report {
   double seconds = 0;              ///< the executing pass
 };
 
-/// Runs a kernel body over its tensors: a checking pass, then the executing pass.
+/// Runs a kernel body over its tensors: a checking pass, then the executing pass. Inputs and
+/// outputs must not share memory.
 kernel_report run_kernel(std::string_view name, const std::vector<tensor>& inputs,
                          const std::vector<tensor>& outputs, const std::function<void()>& body,
                          const kernel_options& options = {});
+/// The same, with roles taken from use, as PyPTO's kernels (all tensors are parameters): a
+/// tensor the body views is an input, one it assembles into an output; viewing and assembling
+/// one tensor is a cycle. A tensor the body neither views nor assembles is left untouched.
+kernel_report run_kernel(std::string_view name, const std::vector<tensor>& params,
+                         const std::function<void()>& body, const kernel_options& options = {});
 
 }  // namespace tilerope::tile

@@ -1,4 +1,4 @@
-// Elementwise ops: neg, rsqrt, add, sub, mul, div, and add / mul by a scalar.
+// Elementwise ops: neg, rsqrt, add, sub, mul, div, and add / sub / mul / div with a scalar.
 //
 // PyPTO's rules: shapes broadcast as NumPy's do (a dim of 1 stretches), 1..4 dims (make_op);
 // add / sub / mul / div take one dtype for both inputs (the vector unit has no mixed-type
@@ -60,6 +60,10 @@ void eval_unary(const node& n, const region& r, float* out) {
     for (std::int64_t i = 0; i < size; ++i) out[i] = x[i] + s;
   if (n.kind == op_kind::mul_scalar)
     for (std::int64_t i = 0; i < size; ++i) out[i] = x[i] * s;
+  if (n.kind == op_kind::div_scalar)
+    for (std::int64_t i = 0; i < size; ++i) out[i] = x[i] / s;
+  if (n.kind == op_kind::rdiv_scalar)
+    for (std::int64_t i = 0; i < size; ++i) out[i] = s / x[i];
   round_buffer(n.type, out, size);
 }
 
@@ -146,7 +150,10 @@ value unary(op_kind kind, const char* op, const value& x, double scalar = 0) {
 value neg(const value& x) { return unary(op_kind::neg, "neg", x); }
 value rsqrt(const value& x) { return unary(op_kind::rsqrt, "rsqrt", x); }
 value add(const value& a, double s) { return unary(op_kind::add_scalar, "add", a, s); }
+value sub(const value& a, double s) { return unary(op_kind::add_scalar, "sub", a, -s); }
 value mul(const value& a, double s) { return unary(op_kind::mul_scalar, "mul", a, s); }
+value div(const value& a, double s) { return unary(op_kind::div_scalar, "div", a, s); }
+value div(double s, const value& b) { return unary(op_kind::rdiv_scalar, "div", b, s); }
 value add(const value& a, const value& b) { return binary(op_kind::add, "add", a, b); }
 value sub(const value& a, const value& b) { return binary(op_kind::sub, "sub", a, b); }
 value mul(const value& a, const value& b) { return binary(op_kind::mul, "mul", a, b); }

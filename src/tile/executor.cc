@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 
+#include "core/overlap.h"
 #include "tile/tile_internal.h"
 #include "tilerope/error.h"
 #include "tilerope/tile.h"
@@ -110,6 +111,8 @@ void eval(const node& n, const region& r, float* out) {
     case op_kind::rsqrt:
     case op_kind::add_scalar:
     case op_kind::mul_scalar:
+    case op_kind::div_scalar:
+    case op_kind::rdiv_scalar:
       return eval_unary(n, r, out);
     case op_kind::add:
     case op_kind::sub:
@@ -117,7 +120,8 @@ void eval(const node& n, const region& r, float* out) {
     case op_kind::div:
       return eval_binary(n, r, out);
     case op_kind::sum:
-      return eval_sum(n, r, out);
+    case op_kind::amax:
+      return eval_reduce(n, r, out);
     case op_kind::cast:
       return eval_cast(n, r, out);
     case op_kind::concat:
@@ -240,36 +244,81 @@ std::vector<loop_chunk> loop_chunks(std::int64_t start, std::int64_t stop, std::
   return chunks;
 }
 
-void loop(std::int64_t start, std::int64_t stop, std::int64_t step, std::string_view name,
-          const std::vector<std::int64_t>& unroll_list,
-          const std::function<void(std::int64_t)>& body) {
+loop_scope::loop_scope(std::int64_t start, std::int64_t stop, std::int64_t step,
+                       std::string_view name, const std::vector<std::int64_t>& unroll_list) {
   kernel_context& c = require_kernel("loop");
   if (!c.unrolled_loops.empty()) {
     throw error("loop '" + std::string(name) + "' is nested in loop '" + c.unrolled_loops.back() +
                 "', which is unrolled: only the innermost loop may be unrolled");
   }
-  const auto chunks = loop_chunks(start, stop, step, unroll_list);
-  const bool unrolled =
-      std::any_of(unroll_list.begin(), unroll_list.end(), [](auto f) { return f > 1; });
-  if (unrolled) c.unrolled_loops.emplace_back(name);
-  struct pop {
-    kernel_context& c;
-    bool on;
-    ~pop() {
-      if (on) c.unrolled_loops.pop_back();
-    }
-  } guard{c, unrolled};
-  for (const auto& ch : chunks) {
-    c.report->chunks.push_back(ch);
+  chunks_ = loop_chunks(start, stop, step, unroll_list);
+  unrolled_ = std::any_of(unroll_list.begin(), unroll_list.end(), [](auto f) { return f > 1; });
+  if (unrolled_) c.unrolled_loops.emplace_back(name);
+  kernel_serial_ = c.serial;
+}
+
+void loop_scope::begin_chunk(std::size_t k) {
+  kernel_context& c = require_kernel("loop");
+  if (k >= chunks_.size() || c.serial != kernel_serial_) {
+    throw error("loop: chunk " + std::to_string(k) + " is not one of the loop's " +
+                std::to_string(chunks_.size()) + " chunks, or its kernel pass has ended");
+  }
+  c.report->chunks.push_back(chunks_[k]);
+}
+
+void loop_scope::close() {
+  if (unrolled_ && current_kernel != nullptr && current_kernel->serial == kernel_serial_ &&
+      !current_kernel->unrolled_loops.empty()) {
+    current_kernel->unrolled_loops.pop_back();
+  }
+  unrolled_ = false;
+}
+
+void loop(std::int64_t start, std::int64_t stop, std::int64_t step, std::string_view name,
+          const std::vector<std::int64_t>& unroll_list,
+          const std::function<void(std::int64_t)>& body) {
+  loop_scope scope(start, stop, step, name, unroll_list);
+  for (std::size_t k = 0; k < scope.chunks().size(); ++k) {
+    scope.begin_chunk(k);
+    const loop_chunk& ch = scope.chunks()[k];
     for (std::int64_t i = ch.begin; i < ch.end; i += step) body(i);
   }
 }
 
 // ---- the two passes ------------------------------------------------------------------------
 
-kernel_report run_kernel(std::string_view name, const std::vector<tensor>& inputs,
-                         const std::vector<tensor>& outputs, const std::function<void()>& body,
-                         const kernel_options& options) {
+namespace {
+
+thread_local std::uint64_t next_serial = 0;
+
+// Inputs and outputs that share memory: reading a tile after another tile wrote it.
+void check_no_shared_memory(std::string_view name, const std::vector<tensor>& all) {
+  const auto role_name = [](const tensor_state& t) {
+    return t.role == tensor_state::role::input ? "input '" : "output '";
+  };
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    for (std::size_t j = i + 1; j < all.size(); ++j) {
+      const tensor_state& a = *all[i].state;
+      const tensor_state& b = *all[j].state;
+      if (all[i].state == all[j].state) continue;
+      if (a.role != tensor_state::role::output && b.role != tensor_state::role::output)
+        continue;  // reads may share
+      if ((a.role != tensor_state::role::input && a.role != tensor_state::role::output) ||
+          (b.role != tensor_state::role::input && b.role != tensor_state::role::output))
+        continue;
+      if (::tilerope::detail::views_share_memory(a.memory, b.memory)) {
+        throw error("kernel '" + std::string(name) + "': " + role_name(a) + a.name + "' and " +
+                    role_name(b) + b.name +
+                    "' share memory; a kernel's outputs may not overlap its other tensors");
+      }
+    }
+  }
+}
+
+// The two passes over a kernel's tensors: `inputs` and `outputs` by role, `params` by use.
+kernel_report run_passes(std::string_view name, const std::vector<tensor>& inputs,
+                         const std::vector<tensor>& outputs, const std::vector<tensor>& params,
+                         const std::function<void()>& body, const kernel_options& options) {
   if (current_kernel != nullptr)
     throw error("run_kernel '" + std::string(name) + "': kernels do not nest");
   if (options.ub_bytes < detail::vector_alignment) {
@@ -281,46 +330,67 @@ kernel_report run_kernel(std::string_view name, const std::vector<tensor>& input
   c.name = name;
   c.ub_budget = options.ub_bytes;
   c.arena.resize(options.ub_bytes / 2 + 64);
-  for (const auto& t : inputs) {
-    if (!t.state) throw error("kernel '" + std::string(name) + "': an input tensor is empty");
+  for (const auto& [list, what] : {std::pair{&inputs, "an input"}, std::pair{&outputs, "an output"},
+                                   std::pair{&params, "a"}}) {
+    for (const auto& t : *list) {
+      if (!t.state) throw error("kernel '" + std::string(name) + "': " + what + " tensor is empty");
+    }
   }
-  for (const auto& t : outputs) {
-    if (!t.state) throw error("kernel '" + std::string(name) + "': an output tensor is empty");
-  }
+  std::vector<tensor> all;
+  for (const auto* list : {&inputs, &outputs, &params})
+    all.insert(all.end(), list->begin(), list->end());
   struct scope {
     kernel_context* prev;
-    const std::vector<tensor>& inputs;
-    const std::vector<tensor>& outputs;
+    const std::vector<tensor>& all;
     ~scope() {
       current_kernel = prev;
-      for (const auto* list : {&inputs, &outputs}) {
-        for (const auto& t : *list) t.state->role = tensor_state::role::unregistered;
+      for (const auto& t : all) {
+        t.state->role = tensor_state::role::unregistered;
+        t.state->by_use = false;
       }
     }
-  } restore{current_kernel, inputs, outputs};
+  } restore{current_kernel, all};
   current_kernel = &c;
   double seconds = 0;
   for (const bool dry : {true, false}) {
     for (const auto& t : inputs) t.state->role = tensor_state::role::input;
     for (const auto& t : outputs) t.state->role = tensor_state::role::output;
-    for (const auto* list : {&inputs, &outputs}) {
-      for (const auto& t : *list) t.state->assembled = false;
+    for (const auto& t : params) {
+      t.state->role = tensor_state::role::param;
+      t.state->by_use = true;
     }
+    for (const auto& t : all) t.state->assembled = false;
     c.dry = dry;
+    c.serial = ++next_serial;
     c.tile.reset();
     c.ub_live = 0;
     c.arena_top = 0;
+    c.unrolled_loops.clear();
     report = kernel_report{};
     c.report = &report;
     const auto t0 = std::chrono::steady_clock::now();
     body();
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dry) check_no_shared_memory(name, all);
   }
   report.name = name;
   report.peak_ub_bytes = c.ub_peak;
   report.ub_budget_bytes = c.ub_budget;
   report.seconds = seconds;
   return report;
+}
+
+}  // namespace
+
+kernel_report run_kernel(std::string_view name, const std::vector<tensor>& inputs,
+                         const std::vector<tensor>& outputs, const std::function<void()>& body,
+                         const kernel_options& options) {
+  return run_passes(name, inputs, outputs, {}, body, options);
+}
+
+kernel_report run_kernel(std::string_view name, const std::vector<tensor>& params,
+                         const std::function<void()>& body, const kernel_options& options) {
+  return run_passes(name, {}, {}, params, body, options);
 }
 
 }  // namespace tilerope::tile

@@ -213,6 +213,7 @@ value view(const tensor& t, const shape_t& shape, const shape_t& offsets,
     throw error("view of '" + s.name + "': the tensor is not an input or output of kernel '" +
                 c.name + "'");
   }
+  if (s.role == tensor_state::role::param) s.role = tensor_state::role::input;
   if (s.role == tensor_state::role::output) {
     throw error(s.assembled ? "view of output '" + s.name +
                                   "' after assembling into it: viewing and "
@@ -276,8 +277,14 @@ void assemble(const value& src, const shape_t& offsets, tensor& out) {
   tensor_state& s = *out.state;
   // Only outputs are assembled into, and outputs are never viewed (view rejects them): a
   // view/assemble cycle cannot form.
+  if (s.role == tensor_state::role::param) s.role = tensor_state::role::output;
   if (s.role != tensor_state::role::output) {
-    throw error("assemble into '" + s.name + "': it is not an output of kernel '" + c.name + "'");
+    throw error(s.by_use && s.role == tensor_state::role::input
+                    ? "assemble into '" + s.name +
+                          "' after viewing it: viewing and assembling one tensor in a kernel "
+                          "is a cycle"
+                    : "assemble into '" + s.name + "': it is not an output of kernel '" + c.name +
+                          "'");
   }
   if (n->type != s.memory.type) {
     throw error("assemble of a " + std::string(to_string(n->type)) + " value into " +

@@ -1,11 +1,13 @@
-// Reductions: sum over one dim.
+// Reductions: sum and amax over one dim.
 //
 // PyPTO's rules: the dim is one of the input's (negative counts from the end); the output keeps
 // it with size 1 (keepdim) or drops it, and keeps the input's valid shape in the other dims.
 // With keepdim the tile has the reduced dim, and the input is read in chunks of the tile's
 // extent along it, so that a UB buffer holds one tile of the input rather than the whole dim.
+// Elements past the valid shape read as 0, which a sum may add; amax takes the valid ones only.
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "tile/tile_internal.h"
@@ -15,7 +17,8 @@ namespace tilerope::tile {
 
 namespace detail {
 
-void eval_sum(const node& n, const region& r, float* out) {
+void eval_reduce(const node& n, const region& r, float* out) {
+  const bool is_max = n.kind == op_kind::amax;
   const bool dry = current_kernel->dry;
   const std::int64_t size = r.size();
   const node& x = *n.in[0];
@@ -33,12 +36,13 @@ void eval_sum(const node& n, const region& r, float* out) {
       ++j;
     }
   }
-  const std::int64_t chunk = n.keepdim ? std::min(n.tile[d], x.shape[d]) : x.shape[d];
-  if (!dry) std::fill(out, out + size, 0.0f);
-  for (std::int64_t start = 0; start < x.shape[d]; start += chunk) {
+  const std::int64_t extent = is_max ? x.valid[d] : x.shape[d];
+  const std::int64_t chunk = n.keepdim ? std::min(n.tile[d], extent) : extent;
+  if (!dry) std::fill(out, out + size, is_max ? -std::numeric_limits<float>::infinity() : 0.0f);
+  for (std::int64_t start = 0; start < extent; start += chunk) {
     region part = in_r;
     part.off[d] = start;
-    part.ext[d] = std::min(chunk, x.shape[d] - start);
+    part.ext[d] = std::min(chunk, extent - start);
     ub_buffer buf(x, part);
     eval(x, part, buf.data());
     if (dry) continue;
@@ -48,17 +52,22 @@ void eval_sum(const node& n, const region& r, float* out) {
     const std::int64_t len = part.ext[d];
     for (std::int64_t o = 0; o < outer; ++o)
       for (std::int64_t k = 0; k < len; ++k)
-        for (std::int64_t i = 0; i < inner; ++i)
-          out[o * inner + i] += buf.data()[(o * len + k) * inner + i];
+        for (std::int64_t i = 0; i < inner; ++i) {
+          float& acc = out[o * inner + i];
+          const float v = buf.data()[(o * len + k) * inner + i];
+          acc = is_max ? (v > acc || v != v ? v : acc) : acc + v;
+        }
   }
   if (!dry) round_buffer(n.type, out, size);
 }
 
 }  // namespace detail
 
-value sum(const value& x, int dim, bool keepdim) {
-  const auto& xn = detail::input_node(x, "sum");
-  const int d = detail::normalize_dim("sum", dim, xn->shape.size());
+namespace {
+
+value reduce(detail::op_kind kind, const char* op, const value& x, int dim, bool keepdim) {
+  const auto& xn = detail::input_node(x, op);
+  const int d = detail::normalize_dim(op, dim, xn->shape.size());
   shape_t shape, valid;
   for (std::size_t i = 0; i < xn->shape.size(); ++i) {
     if (static_cast<int>(i) == d) {
@@ -68,10 +77,20 @@ value sum(const value& x, int dim, bool keepdim) {
       valid.push_back(xn->valid[i]);
     }
   }
-  auto n = detail::make_op(detail::op_kind::sum, "sum", xn->type, shape, valid, {xn});
+  auto n = detail::make_op(kind, op, xn->type, shape, valid, {xn});
   n->dim = d;
   n->keepdim = keepdim;
   return value(n);
+}
+
+}  // namespace
+
+value sum(const value& x, int dim, bool keepdim) {
+  return reduce(detail::op_kind::sum, "sum", x, dim, keepdim);
+}
+
+value amax(const value& x, int dim, bool keepdim) {
+  return reduce(detail::op_kind::amax, "amax", x, dim, keepdim);
 }
 
 }  // namespace tilerope::tile

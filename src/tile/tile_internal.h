@@ -38,8 +38,11 @@ enum class op_kind {
   div,
   add_scalar,
   mul_scalar,
+  div_scalar,   // x / s
+  rdiv_scalar,  // s / x
   rsqrt,
   sum,
+  amax,
   cast,
   concat,
   gather,
@@ -53,8 +56,11 @@ struct tensor_state {
   std::string name;
   tensor_view memory;
   shape_t shape;
-  enum class role { unregistered, input, output } role = role::unregistered;
+  // param: a parameter of a kernel whose roles come from use (an input once viewed, an output
+  // once assembled into)
+  enum class role { unregistered, param, input, output } role = role::unregistered;
   bool assembled = false;
+  bool by_use = false;  // its role came from use
 };
 
 struct node {
@@ -99,6 +105,7 @@ struct kernel_context {
   std::size_t ub_budget = 0, ub_live = 0, ub_peak = 0;
   std::optional<shape_t> tile;
   std::vector<std::string> unrolled_loops;  // enclosing loops with a factor > 1
+  std::uint64_t serial = 0;                  // unique per pass of run_kernel
   std::vector<float> arena;
   std::size_t arena_top = 0;
   kernel_report* report = nullptr;
@@ -255,7 +262,7 @@ void eval_tiles(const node& n, const std::function<void(const region&, const flo
 void eval_unary(const node& n, const region& r, float* out);
 void eval_binary(const node& n, const region& r, float* out);
 // reduction.cc
-void eval_sum(const node& n, const region& r, float* out);
+void eval_reduce(const node& n, const region& r, float* out);
 // cast.cc
 void eval_cast(const node& n, const region& r, float* out);
 // layout.cc
