@@ -16,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "arrays.h"
 #include "output_cache.h"
+#include "tile_module.h"
 #include "tilerope/tilerope.h"
 
 namespace nb = nanobind;
@@ -25,88 +27,7 @@ using namespace nb::literals;
 namespace tilerope::python {
 namespace {
 
-using array = nb::ndarray<>;
-using optional_array = std::optional<array>;
-
-std::string device_name(const array& a) {
-  switch (a.device_type()) {
-    case nb::device::cuda::value:
-      return "cuda:" + std::to_string(a.device_id());
-    case nb::device::cuda_host::value:
-      return "cuda_host";
-    case nb::device::rocm::value:
-      return "rocm:" + std::to_string(a.device_id());
-    case nb::device::metal::value:
-      return "mps";
-    default:
-      return "device type " + std::to_string(a.device_type());
-  }
-}
-
-std::string dtype_name(nb::dlpack::dtype t) {
-  std::string code;
-  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
-    case nb::dlpack::dtype_code::Int:
-      code = "int";
-      break;
-    case nb::dlpack::dtype_code::UInt:
-      code = "uint";
-      break;
-    case nb::dlpack::dtype_code::Float:
-      code = "float";
-      break;
-    case nb::dlpack::dtype_code::Bfloat:
-      code = "bfloat";
-      break;
-    case nb::dlpack::dtype_code::Complex:
-      code = "complex";
-      break;
-    case nb::dlpack::dtype_code::Bool:
-      return "bool";
-    default:
-      code = "code" + std::to_string(t.code) + "_";
-      break;
-  }
-  return code + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
-}
-
-std::optional<dtype> tilerope_dtype(nb::dlpack::dtype t) {
-  if (t.lanes != 1) return std::nullopt;
-  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
-  if (code == nb::dlpack::dtype_code::Float && t.bits == 32) return dtype::f32;
-  if (code == nb::dlpack::dtype_code::Float && t.bits == 16) return dtype::f16;
-  if (code == nb::dlpack::dtype_code::Bfloat && t.bits == 16) return dtype::bf16;
-  if (code == nb::dlpack::dtype_code::Int && t.bits == 32) return dtype::i32;
-  if (code == nb::dlpack::dtype_code::Int && t.bits == 64) return dtype::i64;
-  return std::nullopt;
-}
-
-/// The view of a CPU array, named `name` in every error.
-tensor_view view_of(const array& a, const char* name) {
-  if (a.device_type() != nb::device::cpu::value) {
-    throw nb::value_error((std::string(name) + " is on " + device_name(a) +
-                           ": this build of tilerope runs on the CPU only (no CUDA backend); "
-                           "pass CPU tensors")
-                              .c_str());
-  }
-  const std::optional<dtype> t = tilerope_dtype(a.dtype());
-  if (!t) {
-    throw nb::type_error((std::string(name) + " has dtype " + dtype_name(a.dtype()) +
-                          "; tilerope takes float32, float16 and bfloat16 data and int32 or "
-                          "int64 positions")
-                             .c_str());
-  }
-  if (a.ndim() > static_cast<std::size_t>(max_rank)) {
-    throw error(std::string(name) + " has rank " + std::to_string(a.ndim()) +
-                "; tilerope's views have rank <= " + std::to_string(max_rank));
-  }
-  std::vector<std::int64_t> shape(a.ndim()), strides(a.ndim());
-  for (std::size_t i = 0; i < a.ndim(); ++i) {
-    shape[i] = static_cast<std::int64_t>(a.shape(i));
-    strides[i] = a.stride(i);
-  }
-  return tensor_view(a.data(), *t, shape, strides);
-}
+using python::view_of;
 
 std::optional<tensor_view> view_of(const optional_array& a, const char* name) {
   if (!a) return std::nullopt;
@@ -323,4 +244,6 @@ NB_MODULE(_C, m) {
   m.def("compiled_cpu_targets", &compiled_cpu_targets);
   m.def("supported_cpu_targets", &supported_cpu_targets);
   m.def("version", [] { return std::string(version()); });
+
+  bind_tile(m.def_submodule("tile", "the tile layer (private: use tilerope.pypto)"));
 }
