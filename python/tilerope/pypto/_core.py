@@ -19,6 +19,9 @@ class TileError(ValueError):
     names the op, the rule and the values, and the kernel line that called the op."""
 
 
+TileError.__module__ = "tilerope.pypto"
+
+
 def _user_frame():
     """The innermost frame outside this package: the kernel line that called into it."""
     f = sys._getframe(1)
