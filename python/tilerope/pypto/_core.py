@@ -142,38 +142,23 @@ class SymInt(int):
     def max(self, other) -> "SymInt":
         return SymInt(max(int(self), int(other)))
 
-    def __add__(self, o):
-        return _sym(int.__add__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __radd__(self, o):
-        return _sym(int.__radd__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __sub__(self, o):
-        return _sym(int.__sub__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __rsub__(self, o):
-        return _sym(int.__rsub__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __mul__(self, o):
-        return _sym(int.__mul__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __rmul__(self, o):
-        return _sym(int.__rmul__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __floordiv__(self, o):
-        return _sym(int.__floordiv__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __rfloordiv__(self, o):
-        return _sym(int.__rfloordiv__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __mod__(self, o):
-        return _sym(int.__mod__(self, o)) if isinstance(o, int) else NotImplemented
-
-    def __rmod__(self, o):
-        return _sym(int.__rmod__(self, o)) if isinstance(o, int) else NotImplemented
-
     def __neg__(self):
         return SymInt(-int(self))
+
+
+def _closed(name: str):
+    base = getattr(int, name)
+
+    def op(self, o):
+        return _sym(base(self, o)) if isinstance(o, int) else NotImplemented
+
+    op.__name__ = name
+    return op
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__"):
+    setattr(SymInt, _name, _closed(_name))
 
 
 def ints(op: str, arg: str, xs: Any) -> list:
