@@ -194,52 +194,12 @@ DYNAMIC = _Dynamic()
 DYN = DYNAMIC
 
 
-class _Arith:
-    """Python operators on tensors and values: +, -, *, / and unary - as add, sub, mul, div, neg."""
-
-    def __add__(self, o):
-        from . import ops
-        return ops.add(self, o)
-
-    def __radd__(self, o):
-        from . import ops
-        return ops.add(self, o)
-
-    def __sub__(self, o):
-        from . import ops
-        return ops.sub(self, o)
-
-    def __rsub__(self, o):
-        from . import ops
-        return ops.add(ops.neg(self), o)
-
-    def __mul__(self, o):
-        from . import ops
-        return ops.mul(self, o)
-
-    def __rmul__(self, o):
-        from . import ops
-        return ops.mul(self, o)
-
-    def __truediv__(self, o):
-        from . import ops
-        return ops.div(self, o)
-
-    def __rtruediv__(self, o):
-        from . import ops
-        return ops.div(o, self)
-
-    def __neg__(self):
-        from . import ops
-        return ops.neg(self)
-
-
-class Tensor(_Arith):
+class Tensor:
     """PyPTO's Tensor. As an annotation, ``pypto.Tensor(shape, dtype)`` states what a kernel
     parameter must be (a dim may be ``pypto.DYNAMIC`` or ``pypto.frontend.dynamic(name)``; both
     may be left out). Inside a running kernel, a parameter is a Tensor bound to the array passed:
     it can be viewed, assembled into, written whole with ``t[:] = value``, and used as an
-    operand (the whole tensor)."""
+    operand (the whole tensor). (Its operators and ``t[:] =`` are installed by ops.py.)"""
 
     def __init__(self, shape: Optional[Sequence[Any]] = None, dtype: Optional[DataType] = None,
                  name: Optional[str] = None):
@@ -287,20 +247,13 @@ class Tensor(_Arith):
     def dim(self) -> int:
         return len(self.shape)
 
-    def __setitem__(self, key, value) -> None:
-        from . import ops
-        if not (isinstance(key, slice) and key == slice(None)) and key is not Ellipsis:
-            raise fail(f"tensor '{self.name}'[{key!r}] = ...: only t[:] = value (the whole "
-                       "tensor) is supported; use pypto.assemble for a window")
-        ops.assemble(value, [0] * len(self.shape), self)
-
     def __repr__(self) -> str:
         if self._handle is None:
             return f"pypto.Tensor{self._describe()}"
         return f"pypto.Tensor('{self.name}', {list(self._handle.shape)}, {self.dtype!r})"
 
 
-class Value(_Arith):
+class Value:
     """A tile-program value (a view, or the result of ops): lazy, it holds no data."""
 
     __slots__ = ("_v",)

@@ -257,6 +257,29 @@ def _iterate(scope, step: int):
         scope.close()
 
 
+# ---- Python operators on tensors and values ------------------------------------------------
+
+
+def _set_item(self: Tensor, key, value) -> None:
+    """t[:] = value: the whole tensor written (assemble at offsets 0)."""
+    if not (isinstance(key, slice) and key == slice(None)) and key is not Ellipsis:
+        raise fail(f"tensor '{self.name}'[{key!r}] = ...: only t[:] = value (the whole "
+                   "tensor) is supported; use pypto.assemble for a window")
+    assemble(value, [0] * len(self.shape), self)
+
+
+_OPERATORS = {
+    "__add__": lambda a, b: add(a, b), "__radd__": lambda a, b: add(a, b),
+    "__sub__": lambda a, b: sub(a, b), "__rsub__": lambda a, b: add(neg(a), b),
+    "__mul__": lambda a, b: mul(a, b), "__rmul__": lambda a, b: mul(a, b),
+    "__truediv__": lambda a, b: div(a, b), "__rtruediv__": lambda a, b: div(b, a),
+    "__neg__": lambda a: neg(a),
+}
+for _cls in (Tensor, Value):
+    for _name, _fn in _OPERATORS.items():
+        setattr(_cls, _name, _fn)
+Tensor.__setitem__ = _set_item
+
 __all__ = [
     "view", "assemble", "neg", "rsqrt", "add", "sub", "mul", "div", "sum", "amax", "cast",
     "concat", "deinterleave", "interleave", "gathermask", "expand_clone", "reshape",
