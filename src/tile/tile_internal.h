@@ -105,7 +105,7 @@ struct kernel_context {
   std::size_t ub_budget = 0, ub_live = 0, ub_peak = 0;
   std::optional<shape_t> tile;
   std::vector<std::string> unrolled_loops;  // enclosing loops with a factor > 1
-  std::uint64_t serial = 0;                  // unique per pass of run_kernel
+  std::uint64_t serial = 0;                 // unique per pass of run_kernel
   std::vector<float> arena;
   std::size_t arena_top = 0;
   kernel_report* report = nullptr;
