@@ -11,7 +11,6 @@
 
 #include "bench.h"
 
-#include <emmintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ceiling.h"
 #include "reference/reference.h"
 #include "tilerope/error.h"
 #include "tilerope/tilerope.h"
@@ -97,131 +97,6 @@ timing time_it(int repeats, bool flush, const std::function<void()>& fn,
     t.push_back(seconds(fn));
   }
   return median_and_min(t);
-}
-
-// ---- ceilings ------------------------------------------------------------------------------
-
-// Iterations [0, n) in chunks taken by whichever thread is free, about 16 per thread, as the
-// kernels take their tokens (run_rope_cpu): a thread the machine slows down does not hold up
-// the loop, for the ceiling as for the kernel.
-template <class F>
-void for_chunks(std::size_t n, int threads, F&& f) {
-  const std::size_t chunk = std::max<std::size_t>(1, n / (16 * static_cast<std::size_t>(threads)));
-  std::atomic<std::size_t> next{0};
-#pragma omp parallel num_threads(threads)
-  for (std::size_t lo = next.fetch_add(chunk); lo < n; lo = next.fetch_add(chunk))
-    f(lo, std::min(n, lo + chunk));
-}
-
-// How a ceiling loop moves its bytes: stores normal or streaming (a copy), and with or without
-// a software prefetch of the line `ceiling_prefetch_bytes` beyond each line of every buffer it
-// reads (as the kernels read their rows, tilerope::prefetch_bytes()). Which is faster depends
-// on the machine (docs/performance.md, "Method"): the fastest of the forms is the ceiling.
-struct loop_form {
-  bool streaming = false, prefetch = false;
-};
-constexpr std::size_t ceiling_prefetch_bytes = 2048;
-
-// op(i) for the 16-byte vectors i of [lo, hi), with a prefetch ahead of `a` and `b` (null: none)
-// every four vectors (64 bytes; the buffers are 64-byte aligned) in the prefetching form.
-template <bool Prefetch, class Op>
-inline void each_vector(const __m128i* a, const __m128i* b, std::size_t lo, std::size_t hi,
-                        Op&& op) {
-  std::size_t i = lo;
-  if constexpr (Prefetch) {
-    auto ahead = [](const __m128i* p) {
-      return reinterpret_cast<const char*>(p) + ceiling_prefetch_bytes;
-    };
-    for (; i < hi && i % 4 != 0; ++i) op(i);
-    for (; i + 4 <= hi; i += 4) {
-      _mm_prefetch(ahead(a + i), _MM_HINT_T0);
-      if (b != nullptr) _mm_prefetch(ahead(b + i), _MM_HINT_T0);
-      op(i);
-      op(i + 1);
-      op(i + 2);
-      op(i + 3);
-    }
-  }
-  for (; i < hi; ++i) op(i);
-}
-
-// The ceilings run over the kernel's own buffers and leave their values as they were: what
-// they add is a zero the compiler cannot see (read from a volatile), v + 0 or v + (o & 0).
-volatile int ceiling_zero = 0;
-
-// The loops over the 16-byte vectors of a buffer, in chunks (for_chunks), their pointers held
-// in registers: v += 0 in place, v += o & 0 (reading a second buffer), d = s (+ o & 0).
-template <bool Prefetch>
-void rmw_loop(__m128i* v, const __m128i* o, std::size_t n, int threads) {
-  const int z = ceiling_zero;
-  for_chunks(n, threads, [v, o, z](std::size_t lo, std::size_t hi) {
-    const __m128i zero = _mm_set1_epi32(z);
-    if (o == nullptr) {
-      each_vector<Prefetch>(v, nullptr, lo, hi, [v, zero](std::size_t i) {
-        _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), zero));
-      });
-    } else {
-      each_vector<Prefetch>(v, o, lo, hi, [v, o, zero](std::size_t i) {
-        const __m128i add = _mm_and_si128(_mm_load_si128(o + i), zero);
-        _mm_store_si128(v + i, _mm_add_epi32(_mm_load_si128(v + i), add));
-      });
-    }
-  });
-}
-
-template <bool Streaming, bool Prefetch>
-void copy_loop(const __m128i* s, const __m128i* o, __m128i* d, std::size_t n, int threads) {
-  const int z = ceiling_zero;
-  for_chunks(n, threads, [s, o, d, z](std::size_t lo, std::size_t hi) {
-    auto put = [d](std::size_t i, __m128i x) {
-      if constexpr (Streaming) {
-        _mm_stream_si128(d + i, x);
-      } else {
-        _mm_store_si128(d + i, x);
-      }
-    };
-    if (o == nullptr) {
-      each_vector<Prefetch>(s, nullptr, lo, hi,
-                            [s, put](std::size_t i) { put(i, _mm_load_si128(s + i)); });
-    } else {
-      const __m128i zero = _mm_set1_epi32(z);
-      each_vector<Prefetch>(s, o, lo, hi, [s, o, put, zero](std::size_t i) {
-        put(i, _mm_add_epi32(_mm_load_si128(s + i), _mm_and_si128(_mm_load_si128(o + i), zero)));
-      });
-    }
-    if constexpr (Streaming) _mm_sfence();
-  });
-}
-
-// In place: p += 0, or p += other & 0 (dy rewritten, x read).
-void rmw(unsigned char* p, const unsigned char* other, std::size_t bytes, int threads,
-         loop_form f) {
-  auto* v = reinterpret_cast<__m128i*>(p);
-  const auto* o = reinterpret_cast<const __m128i*>(other);
-  if (f.prefetch) return rmw_loop<true>(v, o, bytes / 16, threads);
-  rmw_loop<false>(v, o, bytes / 16, threads);
-}
-
-// Out of place: to = from, or to = from + (other & 0). Normal stores without prefetch take
-// memcpy.
-void copy(const unsigned char* from, const unsigned char* other, unsigned char* to,
-          std::size_t bytes, int threads, loop_form f) {
-  if (other == nullptr && !f.streaming && !f.prefetch) {
-    for_chunks((bytes + 63) / 64, threads, [=](std::size_t lo, std::size_t hi) {
-      std::memcpy(to + lo * 64, from + lo * 64, std::min(bytes, hi * 64) - lo * 64);
-    });
-    return;
-  }
-  const auto* s = reinterpret_cast<const __m128i*>(from);
-  const auto* o = reinterpret_cast<const __m128i*>(other);
-  auto* d = reinterpret_cast<__m128i*>(to);
-  const std::size_t n = bytes / 16;
-  if (f.streaming) {
-    return f.prefetch ? copy_loop<true, true>(s, o, d, n, threads)
-                      : copy_loop<true, false>(s, o, d, n, threads);
-  }
-  return f.prefetch ? copy_loop<false, true>(s, o, d, n, threads)
-                    : copy_loop<false, false>(s, o, d, n, threads);
 }
 
 // ---- the unfused baseline ------------------------------------------------------------------
@@ -305,6 +180,7 @@ struct row {
   std::optional<double> gbps, ceiling_gbps, fraction, ns_per_call, speedup, ratio_to_production,
       ns_per_element;
   std::optional<std::int64_t> prefetch_bytes;  // the prefetch-distance rows: the distance timed
+  std::optional<std::string> ceiling_form;     // the ceiling loop's form (loop_form::name)
   double median_s = 0, min_s = 0;
 };
 
@@ -367,6 +243,7 @@ nlohmann::json to_json(const row& r) {
           {"speedup_vs_unfused", opt(r.speedup)},
           {"tile_time_ratio", opt(r.ratio_to_production)},
           {"prefetch_bytes", opt(r.prefetch_bytes)},
+          {"ceiling_form", opt(r.ceiling_form)},
           {"median_s", r.median_s},
           {"min_s", r.min_s}};
 }
@@ -614,43 +491,63 @@ problem make_problem(kernel_kind kind, const shape_case& s, dtype t, bool inplac
 
 // The ceiling loops over a problem's own buffers (problem::spans: the same physical bytes the
 // kernel moves; the same loop over other buffers of the same size can run faster or slower,
-// by allocation), each in its fastest form here (loop_form: for a copy normal or streaming
-// stores, and with or without software prefetch), decided once per pattern, size and threads
-// from three runs of each.
+// by allocation), each in its fastest form here (loop_forms: every vector width the CPU has,
+// for a copy normal or streaming stores and memcpy, with or without software prefetch),
+// decided once per pattern, size and threads from three runs of each; the choice is printed.
 struct ceilings {
   std::map<std::tuple<int, std::size_t, int>, loop_form> fastest;
 
+  static const char* pattern_name(pattern p) {
+    switch (p) {
+      case pattern::rmw:
+        return "read-modify-write";
+      case pattern::rmw_read:
+        return "read-modify-write + read";
+      case pattern::copy:
+        return "copy";
+      default:
+        return "copy + read";
+    }
+  }
+
   std::function<void()> loop(const problem& p, int threads) {
+    return form_loop(p, threads, form_of(p, threads));
+  }
+
+  loop_form form_of(const problem& p, int threads) {
     const pattern pat = p.ceiling;
-    const std::vector<span> spans = p.spans;
-    const bool in_place = pat == pattern::rmw || pat == pattern::rmw_read;
-    auto form = [=](loop_form f) -> std::function<void()> {
-      return [=] {
-        for (const span& s : spans) {
-          if (in_place) {
-            rmw(s.x, s.other, s.bytes, threads, f);
-          } else {
-            copy(s.x, s.other, s.to, s.bytes, threads, f);
-          }
-        }
-      };
-    };
     const auto key = std::make_tuple(static_cast<int>(pat), p.x_bytes, threads);
     if (fastest.find(key) == fastest.end()) {
-      double best = 0;
-      for (const bool streaming : {false, true}) {
-        if (streaming && in_place) continue;
-        for (const bool prefetch : {false, true}) {
-          const loop_form f{streaming, prefetch};
-          const double t = time_it(3, true, form(f)).median;
-          if (best == 0 || t < best) {
-            best = t;
-            fastest[key] = f;
-          }
+      const bool in_place = pat == pattern::rmw || pat == pattern::rmw_read;
+      const bool reads_other = pat == pattern::rmw_read || pat == pattern::copy_read;
+      double best = 0, widest16 = 0;
+      for (const loop_form& f : loop_forms(!in_place, reads_other)) {
+        const double t = time_it(3, true, form_loop(p, threads, f)).median;
+        if (f.width == 16 && !f.streaming && !f.prefetch) widest16 = t;
+        if (best == 0 || t < best) {
+          best = t;
+          fastest[key] = f;
         }
       }
+      std::printf("  ceiling for %s of %.0f MB, %d threads: %s (%.3f ms; 16-byte normal %.3f ms)\n",
+                  pattern_name(pat), static_cast<double>(p.x_bytes) / 1e6, threads,
+                  fastest[key].name().c_str(), best * 1e3, widest16 * 1e3);
     }
-    return form(fastest[key]);
+    return fastest[key];
+  }
+
+  static std::function<void()> form_loop(const problem& p, int threads, loop_form f) {
+    const bool in_place = p.ceiling == pattern::rmw || p.ceiling == pattern::rmw_read;
+    const std::vector<span> spans = p.spans;
+    return [=] {
+      for (const span& s : spans) {
+        if (in_place) {
+          rmw(s.x, s.other, s.bytes, threads, f);
+        } else {
+          copy(s.x, s.other, s.to, s.bytes, threads, f);
+        }
+      }
+    };
   }
 };
 
@@ -728,6 +625,7 @@ row measure(kernel_kind kind, const shape_case& s, dtype t, bool inplace, int th
   }
   const turns tt = time_alternating(repeats, p.run, ceil.loop(p, threads), p.baseline);
   set_bandwidth(r, p, tt.kernel, tt.ceiling);
+  r.ceiling_form = ceil.form_of(p, threads).name();
   r.speedup = tt.speedup;
   return r;
 }
@@ -793,9 +691,10 @@ int run_bench(const bench_options& o) {
   const auto& types = o.quick ? quick_types : all_types;
 
   std::printf(
-      "tilerope bench: cpu target %s, up to %d threads, prefetch %lld bytes, %d timed runs per "
-      "row (median), caches flushed between runs\n",
-      cpu_target().c_str(), all, static_cast<long long>(prefetch_bytes()), repeats);
+      "tilerope bench: %s, cpu target %s, up to %d threads, prefetch %lld bytes, %d timed runs "
+      "per row (median), caches flushed between runs\n",
+      cpu_class().c_str(), cpu_target().c_str(), all, static_cast<long long>(prefetch_bytes()),
+      repeats);
   std::printf("%-25s %-5s %-3s %-34s %2s %9s %9s %8s %10s %9s\n", "kernel", "dtype", "io", "shape",
               "th", "GB/s", "ceiling", "fraction", "ns/call", "speedup");
   std::vector<row> rows;
@@ -928,6 +827,7 @@ int run_bench(const bench_options& o) {
     for (std::size_t i = 0; i < lengths.size(); ++i) {
       row r = named_row("rope-neox-scale", "bf16", true, 1, shapes[i].label());
       set_bandwidth(r, problems[i], t[2 * i], t[2 * i + 1]);
+      r.ceiling_form = ceil.form_of(problems[i], 1).name();
       r.ns_per_element = r.median_s * 1e9 / static_cast<double>(lengths[i] * (32 + 8) * 128);
       print(r);
       rows.push_back(r);

@@ -20,11 +20,15 @@ int num_threads();
 /// or k (or of the backward's inputs), it asks for the lines this far beyond it in the same
 /// buffer (rows of a multiple of 256 bytes: 0 to 255 bytes further, from 128 bytes into a
 /// 256-byte block of the address space). 0 turns it off. The default is the
-/// TILEROPE_PREFETCH_BYTES environment variable if set, otherwise 2048 on Intel CPUs and 0 on
-/// others (docs/performance.md gives the measurements). A value outside [0, 2^20] throws
-/// tilerope::error. Results do not depend on it.
+/// TILEROPE_PREFETCH_BYTES environment variable if set, otherwise the distance of the CPU's
+/// class (cpu_class(); the table and its measurements are in docs/performance.md). A value
+/// outside [0, 2^20] throws tilerope::error. Results do not depend on it.
 void set_prefetch_bytes(std::int64_t bytes);
 std::int64_t prefetch_bytes();
+
+/// The CPU's class as the prefetch table names it, with its cpuid family and model:
+/// "AMD Zen 5 (family 26, model 2)", "Intel (family 6, model 143)", "other (...)".
+std::string cpu_class();
 
 /// SIMD targets compiled into this library, by tilerope's names ("scalar", "sse4", "avx2",
 /// "avx512", ...), best last.

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/rope_plan.h"
@@ -48,6 +49,19 @@ struct cpu_plan : rope_plan {
 
 // True on Intel CPUs, read once.
 bool intel_cpu();
+// The CPU's vendor string and family / model (with their extended fields), from cpuid.
+struct cpu_identity {
+  std::string vendor;
+  int family = 0, model = 0;
+};
+cpu_identity this_cpu();
+// The class of a CPU (docs/performance.md names the classes measured) and its software
+// prefetch distance.
+struct cpu_class_info {
+  const char* name;
+  std::int64_t prefetch_bytes;
+};
+cpu_class_info cpu_class_of(const cpu_identity& id);
 // True when the CPU has AVX512-BF16 (vcvtneps2bf16), read once.
 bool native_bf16();
 // Whether QK RMSNorm's 16-bit rows of 1, 2 or 4 vectors of pairs are held in registers with

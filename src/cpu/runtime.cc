@@ -5,12 +5,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
 #include "cpu/cpu_plan.h"
 #include "hwy/targets.h"
 #include "tilerope/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 namespace tilerope {
 
@@ -83,10 +88,7 @@ std::int64_t default_prefetch_bytes() {
     }
     return n;
   }
-  // Intel: 16-bit rows' arithmetic is long against their bytes, and the hardware prefetcher
-  // alone keeps too few lines in flight; off on AMD, where rows prefetched a few heads or tokens
-  // ahead measured slower (docs/performance.md, "Performance decisions")
-  return detail::intel_cpu() ? 2048 : 0;
+  return detail::cpu_class_of(detail::this_cpu()).prefetch_bytes;
 }
 
 void force_target(std::string_view name);
@@ -113,6 +115,12 @@ std::int64_t prefetch_bytes() {
     prefetch_distance = n;
   }
   return n;
+}
+
+std::string cpu_class() {
+  const detail::cpu_identity id = detail::this_cpu();
+  return std::string(detail::cpu_class_of(id).name) + " (family " + std::to_string(id.family) +
+         ", model " + std::to_string(id.model) + ")";
 }
 
 int num_threads() {
@@ -198,6 +206,43 @@ bool intel_cpu() {
 #else
   return false;
 #endif
+}
+
+cpu_identity this_cpu() {
+  cpu_identity id;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return id;
+  char vendor[13] = {};
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  id.vendor = vendor;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return id;
+  const int base_family = static_cast<int>((a >> 8) & 0xf);
+  const int base_model = static_cast<int>((a >> 4) & 0xf);
+  id.family = base_family == 0xf ? base_family + static_cast<int>((a >> 20) & 0xff) : base_family;
+  id.model = base_family == 0xf || base_family == 0x6
+                 ? base_model + (static_cast<int>((a >> 16) & 0xf) << 4)
+                 : base_model;
+#endif
+  return id;
+}
+
+// The software prefetch distance of each class, from the runs in docs/performance.md
+// ("Prefetch distance by CPU class").
+cpu_class_info cpu_class_of(const cpu_identity& id) {
+  if (id.vendor == "GenuineIntel") return {"Intel", 2048};
+  if (id.vendor == "AuthenticAMD" || id.vendor == "HygonGenuine") {
+    if (id.family >= 0x1a) return {"AMD Zen 5", 2048};
+    if (id.family == 0x19) {
+      const bool zen4 = (id.model >= 0x10 && id.model <= 0x1f) ||
+                        (id.model >= 0x60 && id.model <= 0x7f) || id.model >= 0xa0;
+      return {zen4 ? "AMD Zen 4" : "AMD Zen 3", 0};
+    }
+    return {"AMD before Zen 3", 0};
+  }
+  return {"other", 0};
 }
 
 namespace {

@@ -24,6 +24,7 @@ void add_info_command(CLI::App& app) {
     std::printf("cpu targets compiled:  %s\n", joined(compiled_cpu_targets()).c_str());
     std::printf("cpu targets supported: %s\n", joined(supported_cpu_targets()).c_str());
     std::printf("cpu target chosen:     %s\n", cpu_target().c_str());
+    std::printf("cpu class:             %s\n", cpu_class().c_str());
     std::printf("threads:               %d\n", num_threads());
     std::printf("prefetch bytes:        %lld\n", static_cast<long long>(prefetch_bytes()));
   });
