@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "cpu/cpu_plan.h"
 #include "tilerope/error.h"
 #include "tilerope/runtime.h"
 
@@ -23,6 +24,38 @@ TEST(Runtime, ThreadCountIsSetAndChecked) {
     EXPECT_NE(std::string(e.what()).find("num_threads (0)"), std::string::npos);
   }
   set_num_threads(before);
+}
+
+TEST(Runtime, CpuClassesAndTheirPaths) {
+  using detail::cpu_class_of;
+  struct known {
+    const char* vendor;
+    int family, model;
+    std::string name;
+    std::int64_t prefetch;
+    bool held;
+  };
+  const known table[] = {
+      {"GenuineIntel", 6, 143, "Intel", 2048, true},      // Sapphire Rapids
+      {"AuthenticAMD", 26, 2, "AMD Zen 5", 2048, true},   // Turin
+      {"AuthenticAMD", 25, 0x11, "AMD Zen 4", 0, false},  // Genoa
+      {"AuthenticAMD", 25, 0xa0, "AMD Zen 4", 0, false},  // Bergamo
+      {"AuthenticAMD", 25, 0x01, "AMD Zen 3", 0, false},  // Milan
+      {"AuthenticAMD", 25, 0x21, "AMD Zen 3", 0, false},  // Vermeer
+      {"AuthenticAMD", 23, 0x31, "AMD before Zen 3", 0, false},
+      {"CentaurHauls", 6, 15, "other", 0, false},
+  };
+  for (const auto& k : table) {
+    const auto c = cpu_class_of({k.vendor, k.family, k.model});
+    EXPECT_EQ(c.name, k.name) << k.vendor << " " << k.family << " " << k.model;
+    EXPECT_EQ(c.prefetch_bytes, k.prefetch) << k.name;
+    EXPECT_EQ(c.hold_16bit_norm_rows, k.held) << k.name;
+    EXPECT_EQ(c.stream_f16_norm_backward, k.name == "Intel") << k.name;
+  }
+  // this machine: a vendor read from cpuid and a class named with its family and model
+  const std::string here = cpu_class();
+  EXPECT_NE(here.find("(family "), std::string::npos) << here;
+  EXPECT_EQ(here.rfind(cpu_class_of(detail::this_cpu()).name, 0), 0u) << here;
 }
 
 TEST(Runtime, PrefetchDistanceIsSetAndChecked) {

@@ -47,26 +47,27 @@ struct cpu_plan : rope_plan {
   bool streams_f16_norm_backward = false;
 };
 
-// True on Intel CPUs, read once.
-bool intel_cpu();
 // The CPU's vendor string and family / model (with their extended fields), from cpuid.
 struct cpu_identity {
   std::string vendor;
   int family = 0, model = 0;
 };
 cpu_identity this_cpu();
-// The class of a CPU (docs/performance.md names the classes measured) and its software
-// prefetch distance.
+// The class of a CPU (docs/performance.md names the classes measured), its software prefetch
+// distance and the kernel paths measured faster on it (norm_rows_held_16bit,
+// f16_norm_backward_streamed).
 struct cpu_class_info {
   const char* name;
   std::int64_t prefetch_bytes;
+  bool hold_16bit_norm_rows;
+  bool stream_f16_norm_backward;
 };
 cpu_class_info cpu_class_of(const cpu_identity& id);
 // True when the CPU has AVX512-BF16 (vcvtneps2bf16), read once.
 bool native_bf16();
 // Whether QK RMSNorm's 16-bit rows of 1, 2 or 4 vectors of pairs are held in registers with
-// 32 vector registers, as f32 rows are, instead of staged: on Intel by default
-// (docs/performance.md, "Performance decisions"). The kernel tests take both (set: 0 or 1;
+// 32 vector registers, as f32 rows are, instead of staged: on Intel and Zen 5 by default
+// (docs/performance.md, "CPU classes"). The kernel tests take both (set: 0 or 1;
 // -1 restores the CPU's default).
 bool norm_rows_held_16bit();
 void set_norm_rows_held_16bit(int held);

@@ -199,15 +199,6 @@ void apply_env_target() {
   });
 }
 
-bool intel_cpu() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool is = __builtin_cpu_is("intel");
-  return is;
-#else
-  return false;
-#endif
-}
-
 cpu_identity this_cpu() {
   cpu_identity id;
 #if defined(__x86_64__) || defined(__i386__)
@@ -229,38 +220,43 @@ cpu_identity this_cpu() {
   return id;
 }
 
-// The software prefetch distance of each class, from the runs in docs/performance.md
-// ("Prefetch distance by CPU class").
+// Each class's prefetch distance and kernel paths, from the runs in docs/performance.md ("CPU
+// classes"). A class not measured takes Zen 3's row: no prefetch, the staged paths.
 cpu_class_info cpu_class_of(const cpu_identity& id) {
-  if (id.vendor == "GenuineIntel") return {"Intel", 2048};
+  if (id.vendor == "GenuineIntel") return {"Intel", 2048, true, true};
   if (id.vendor == "AuthenticAMD" || id.vendor == "HygonGenuine") {
-    if (id.family >= 0x1a) return {"AMD Zen 5", 2048};
+    if (id.family >= 0x1a) return {"AMD Zen 5", 2048, true, false};
     if (id.family == 0x19) {
       const bool zen4 = (id.model >= 0x10 && id.model <= 0x1f) ||
                         (id.model >= 0x60 && id.model <= 0x7f) || id.model >= 0xa0;
-      return {zen4 ? "AMD Zen 4" : "AMD Zen 3", 0};
+      return {zen4 ? "AMD Zen 4" : "AMD Zen 3", 0, false, false};
     }
-    return {"AMD before Zen 3", 0};
+    return {"AMD before Zen 3", 0, false, false};
   }
-  return {"other", 0};
+  return {"other", 0, false, false};
 }
 
 namespace {
-// A kernel path chosen per CPU that the kernel tests can set: -1 (the CPU's default: taken on
-// Intel), 0 or 1.
-class intel_default {
+// A kernel path chosen per CPU class (cpu_class_info) that the kernel tests can set: -1 (the
+// class's default), 0 or 1.
+class class_default {
  public:
+  explicit class_default(bool cpu_class_info::*field) : field_(field) {}
   bool taken() const {
     const int v = set_to_.load();
-    return v < 0 ? intel_cpu() : v != 0;
+    if (v >= 0) return v != 0;
+    static const cpu_class_info cls = cpu_class_of(this_cpu());
+    return cls.*field_;
   }
   void set(int v) { set_to_ = v < 0 ? -1 : v != 0; }
 
  private:
+  bool cpu_class_info::*field_;
   std::atomic<int> set_to_{-1};
 };
 
-intel_default held_16bit_norm_rows, streamed_f16_norm_backward;
+class_default held_16bit_norm_rows(&cpu_class_info::hold_16bit_norm_rows),
+    streamed_f16_norm_backward(&cpu_class_info::stream_f16_norm_backward);
 }  // namespace
 
 bool norm_rows_held_16bit() { return held_16bit_norm_rows.taken(); }
