@@ -37,7 +37,7 @@ TEST(Runtime, CpuClassesAndTheirPaths) {
   };
   const known table[] = {
       {"GenuineIntel", 6, 143, "Intel", 2048, true},      // Sapphire Rapids
-      {"AuthenticAMD", 26, 2, "AMD Zen 5", 2048, true},   // Turin
+      {"AuthenticAMD", 26, 2, "AMD Zen 5", 4096, true},   // Turin
       {"AuthenticAMD", 25, 0x11, "AMD Zen 4", 0, false},  // Genoa
       {"AuthenticAMD", 25, 0xa0, "AMD Zen 4", 0, false},  // Bergamo
       {"AuthenticAMD", 25, 0x01, "AMD Zen 3", 0, false},  // Milan

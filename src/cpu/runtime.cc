@@ -225,7 +225,7 @@ cpu_identity this_cpu() {
 cpu_class_info cpu_class_of(const cpu_identity& id) {
   if (id.vendor == "GenuineIntel") return {"Intel", 2048, true, true};
   if (id.vendor == "AuthenticAMD" || id.vendor == "HygonGenuine") {
-    if (id.family >= 0x1a) return {"AMD Zen 5", 2048, true, false};
+    if (id.family >= 0x1a) return {"AMD Zen 5", 4096, true, false};
     if (id.family == 0x19) {
       const bool zen4 = (id.model >= 0x10 && id.model <= 0x1f) ||
                         (id.model >= 0x60 && id.model <= 0x7f) || id.model >= 0xa0;
