@@ -345,3 +345,39 @@ def test_value_and_tensor_introspection():
     assert shapes["a"] == ([3, 64], pypto.DT_BF16, 2)
     assert shapes["even"] == ([3, 32], [3, 32], pypto.DT_BF16)
     assert torch.equal(o, a[:, 0::2] - a[:, 1::2])
+
+
+def test_kernels_on_two_threads_at_once():
+    """Two threads inside their kernels at once (a barrier in the body): the tile layer's state is
+    per thread, so neither sees the other's kernel as one it is nested in, and each result is its
+    own."""
+    import threading
+
+    inside = threading.Barrier(2, timeout=10)
+
+    @pypto.frontend.jit
+    def scale(a: pypto.Tensor, o: pypto.Tensor, s: float):
+        pypto.set_vec_tile_shapes(4, 32)
+        inside.wait()  # both threads are in a kernel body here
+        o[:] = pypto.mul(a, s)
+
+    a = torch.randn(16, 32)
+    outs = [torch.zeros(16, 32) for _ in range(2)]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                scale(a, outs[i], float(i + 1))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+            inside.abort()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, o in enumerate(outs):
+        assert torch.equal(o, a * float(i + 1))

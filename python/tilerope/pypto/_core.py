@@ -7,6 +7,7 @@ import enum
 import linecache
 import os
 import sys
+import threading
 from typing import Any, Optional, Sequence
 
 from .._C import tile as _tile
@@ -293,10 +294,18 @@ def value_of(op: str, arg: str, x: Any):
 
 # ---- the kernel being run --------------------------------------------------------------------
 
-_running: list = []  # names of the kernels running (at most one: kernels do not nest)
+class _Running(threading.local):
+    """The kernels running on this thread (at most one: kernels do not nest), as the tile
+    layer's kernel state is per thread."""
+
+    def __init__(self):
+        self.names: list = []
+
+
+_running = _Running()
 
 
 def require_kernel(op: str) -> None:
-    if not _running:
+    if not _running.names:
         raise fail(f"pypto.{op} called outside a kernel: call it in the body of a "
                    "@pypto.frontend.jit function")

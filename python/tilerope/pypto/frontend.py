@@ -149,10 +149,11 @@ class JitKernel:
         def body():
             self.fn(*call.args, **call.kwargs)
 
-        if _core._running:
+        running = _core._running.names
+        if running:
             raise TileError(f"kernel '{self.__name__}' called inside kernel "
-                            f"'{_core._running[-1]}': kernels do not nest" + _core.where())
-        _core._running.append(self.__name__)
+                            f"'{running[-1]}': kernels do not nest" + _core.where())
+        running.append(self.__name__)
         try:
             self.last_report = _tile.run_kernel(self.__name__, handles, body, self.ub_bytes)
         except TileError:
@@ -162,7 +163,7 @@ class JitKernel:
             raise TileError(f"{e}\n  in kernel '{self.__name__}' "
                             f"({code.co_filename}:{code.co_firstlineno})") from None
         finally:
-            _core._running.pop()
+            running.pop()
 
 
 def jit(fn: Optional[Callable] = None, *, runtime_options: Optional[dict] = None,
