@@ -381,3 +381,19 @@ def test_kernels_on_two_threads_at_once():
     assert not errors, errors
     for i, o in enumerate(outs):
         assert torch.equal(o, a * float(i + 1))
+
+
+def test_a_kernel_that_returns_a_value_is_an_error():
+    """Kernels return nothing (PyPTO's frontend writes outputs in place): a returned value is an
+    error raised in the checking pass, before any output is written."""
+
+    @pypto.frontend.jit
+    def kernel(a: pypto.Tensor, o: pypto.Tensor):
+        pypto.set_vec_tile_shapes(4, 32)
+        o[:] = pypto.neg(a)
+        return pypto.neg(a)
+
+    a, o = torch.randn(4, 32), torch.full((4, 32), 7.0)
+    with pytest.raises(pypto.TileError, match="kernel 'kernel' returned a value"):
+        kernel(a, o)
+    assert bool((o == 7.0).all())

@@ -147,7 +147,11 @@ class JitKernel:
             raise TypeError(f"kernel '{self.__name__}': *args parameters are not supported")
 
         def body():
-            self.fn(*call.args, **call.kwargs)
+            if self.fn(*call.args, **call.kwargs) is not None:
+                code = self.fn.__code__
+                raise TileError(f"kernel '{self.__name__}' returned a value: a kernel returns "
+                                "nothing and writes its outputs with pypto.assemble or "
+                                f"out[:] = value ({code.co_filename}:{code.co_firstlineno})")
 
         running = _core._running.names
         if running:
