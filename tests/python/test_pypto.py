@@ -397,3 +397,25 @@ def test_a_kernel_that_returns_a_value_is_an_error():
     with pytest.raises(pypto.TileError, match="kernel 'kernel' returned a value"):
         kernel(a, o)
     assert bool((o == 7.0).all())
+
+
+def test_shapes_and_offsets_take_any_integer_scalar():
+    """numpy and torch integer scalars (and SymInt) stand for ints; floats and bools do not."""
+    @pypto.frontend.jit
+    def kernel(a: pypto.Tensor, o: pypto.Tensor):
+        n = np.int64(2)
+        pypto.set_vec_tile_shapes(np.int32(1), torch.tensor(32))
+        for i in pypto.loop(n):
+            pypto.assemble(pypto.view(a, [1, np.int64(32)], [i, torch.tensor(0)]), [i, 0], o)
+
+    a, o = torch.randn(2, 32), torch.zeros(2, 32)
+    kernel(a, o)
+    assert torch.equal(o, a)
+
+    @pypto.frontend.jit
+    def bad(a: pypto.Tensor, o: pypto.Tensor):
+        pypto.set_vec_tile_shapes(1, 32)
+        o[:] = pypto.view(a, [2, 32.0], [0, 0])
+
+    with pytest.raises(TypeError, match=r"view: shape must be a list of ints, got \[2, 32.0\]"):
+        bad(a, o)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import linecache
+import operator
 import os
 import sys
 import threading
@@ -162,9 +163,19 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(SymInt, _name, _closed(_name))
 
 
+def _index(x: Any):
+    """x as an int if it is an integer (int, SymInt, numpy or torch integer scalars), else None."""
+    if isinstance(x, bool) or isinstance(x, float):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
 def ints(op: str, arg: str, xs: Any) -> list:
     """A list of plain ints from a shape or offsets argument, or a TypeError naming it."""
-    if isinstance(xs, (int,)) and not isinstance(xs, bool):
+    if _index(xs) is not None:
         xs = [xs]
     try:
         items = list(xs)
@@ -172,9 +183,10 @@ def ints(op: str, arg: str, xs: Any) -> list:
         raise TypeError(f"{op}: {arg} must be a list of ints, got {xs!r}" + where()) from None
     out = []
     for x in items:
-        if isinstance(x, bool) or not isinstance(x, int):
+        v = _index(x)
+        if v is None:
             raise TypeError(f"{op}: {arg} must be a list of ints, got {items!r}" + where())
-        out.append(int(x))
+        out.append(v)
     return out
 
 
