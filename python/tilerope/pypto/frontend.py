@@ -95,6 +95,9 @@ class JitKernel:
             p.name for p in self.signature.parameters.values()
             if p.annotation is Tensor or isinstance(p.annotation, Tensor)
         ]
+        if any(p.kind is p.VAR_POSITIONAL for p in self.signature.parameters.values()):
+            raise TypeError(f"pypto.frontend.jit: kernel '{fn.__name__}' has a *args parameter; "
+                            "name each tensor parameter")
         mode = runtime_options.get("run_mode", RunMode.NPU)
         if not isinstance(mode, RunMode):
             raise TypeError(f"pypto.frontend.jit: run_mode must be a pypto.RunMode, got {mode!r}")
@@ -132,7 +135,6 @@ class JitKernel:
         bound.apply_defaults()
         extents: dict = {}
         handles = []
-        call_args = dict(bound.arguments)
         for name in self.tensor_params:
             if name not in bound.arguments:
                 continue
@@ -140,14 +142,10 @@ class JitKernel:
             self._check(name, self.signature.parameters[name].annotation, arg, extents)
             handle = _tile.Tensor(name, arg)
             handles.append(handle)
-            call_args[name] = Tensor._bound(name, handle)
-        call = self.signature.bind(**call_args) if not any(
-            p.kind is p.VAR_POSITIONAL for p in self.signature.parameters.values()) else None
-        if call is None:
-            raise TypeError(f"kernel '{self.__name__}': *args parameters are not supported")
+            bound.arguments[name] = Tensor._bound(name, handle)  # what the body sees
 
         def body():
-            if self.fn(*call.args, **call.kwargs) is not None:
+            if self.fn(*bound.args, **bound.kwargs) is not None:
                 code = self.fn.__code__
                 raise TileError(f"kernel '{self.__name__}' returned a value: a kernel returns "
                                 "nothing and writes its outputs with pypto.assemble or "
