@@ -241,6 +241,7 @@ NB_MODULE(_C, m) {
   m.def("num_threads", &num_threads);
   m.def("set_cpu_target", &set_cpu_target, "name"_a);
   m.def("cpu_target", &cpu_target);
+  m.def("cpu_class", &cpu_class);
   m.def("compiled_cpu_targets", &compiled_cpu_targets);
   m.def("supported_cpu_targets", &supported_cpu_targets);
   m.def("version", [] { return std::string(version()); });

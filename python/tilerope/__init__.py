@@ -10,6 +10,7 @@ reference.
 from . import _C
 from ._C import (
     compiled_cpu_targets,
+    cpu_class,
     cpu_target,
     empty_output_cache,
     num_threads,
@@ -48,6 +49,7 @@ __all__ = [
     "num_threads",
     "set_cpu_target",
     "cpu_target",
+    "cpu_class",
     "compiled_cpu_targets",
     "supported_cpu_targets",
     "output_cache_bytes",

@@ -29,6 +29,9 @@ def test_runtime_settings():
         assert tilerope.cpu_target() == "scalar"
     finally:
         tilerope.set_cpu_target("best")
+    # the class as the prefetch table names it, with the cpuid family and model
+    assert re.fullmatch(r"(Intel|AMD Zen [345]|AMD before Zen 3|other) \(family \d+, model \d+\)",
+                        tilerope.cpu_class()), tilerope.cpu_class()
 
 
 def test_gil_is_released_while_a_kernel_runs():
